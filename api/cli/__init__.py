@@ -1,0 +1,1 @@
+"""The `portkern` command line."""

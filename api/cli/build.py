@@ -1,0 +1,83 @@
+"""`portkern build` and `portkern inspect`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from portkern.cli.common import Report, add_json, human_size, table
+
+
+def register(sub) -> None:
+    build = sub.add_parser("build", help="build a bundle from a manifest")
+    build.add_argument("manifest", type=Path, help="manifest.yaml")
+    build.add_argument("-o", "--output", type=Path, required=True, help="bundle file to write (.pkb)")
+    add_json(build)
+    build.set_defaults(handler=run_build)
+
+    inspect = sub.add_parser("inspect", help="show what a bundle holds")
+    inspect.add_argument("bundle", type=Path)
+    add_json(inspect)
+    inspect.set_defaults(handler=run_inspect)
+
+
+def run_build(args: argparse.Namespace) -> Report:
+    from portkern.portable.builder import build_file
+
+    def progress(spec, index, total):
+        if not args.json:
+            from portkern.cli.common import console
+
+            console(stderr=True).print(f"[{index + 1}/{total}] {spec.name} ({spec.kind}) ...")
+
+    bundle = build_file(args.manifest, args.output, progress)
+    report = describe(bundle, args.output)
+    report.data["written"] = str(args.output)
+    return report
+
+
+def run_inspect(args: argparse.Namespace) -> Report:
+    from portkern.portable.bundle import read_bundle
+
+    return describe(read_bundle(args.bundle), args.bundle)
+
+
+def describe(bundle, path: Path) -> Report:
+    """A bundle's kernels, stages, native slices, producers and digest."""
+    size = path.stat().st_size if path.exists() else None
+    data = {
+        "path": str(path),
+        "name": bundle.name,
+        "digest": bundle.digest,
+        "format_version": ".".join(map(str, bundle.version)),
+        "size": size,
+        "kernels": [
+            {
+                "name": k.name,
+                "kind": k.kind,
+                "entry": k.entry,
+                "signature": k.signature.to_dict(),
+                "signature_text": str(k.signature),
+                "stages": [s.to_dict() for s in k.stages],
+                "native": [n.to_dict() for n in k.native],
+                "launch": dict(k.launch),
+            }
+            for k in bundle.kernels
+        ],
+    }
+
+    def render(out):
+        out.print(f"[bold]{bundle.name}[/bold]  {path}  ({human_size(size or 0)}, format {data['format_version']})")
+        out.print(f"digest sha256:{bundle.digest}")
+        rows = []
+        for k in bundle.kernels:
+            stages = ", ".join(f"{s.family}/{s.phase} {human_size(s.size)}" for s in k.stages)
+            native = ", ".join(f"{n.target} {human_size(n.size)}" for n in k.native) or "-"
+            rows.append([k.name, k.kind, k.entry, str(k.signature), stages, native])
+        out.print(table(None, ["kernel", "kind", "entry", "signature", "stages", "prebuilt"], rows))
+        producers = sorted({f"{s.producer.compiler} {s.producer.version}" + (
+            f" (bytecode v{s.producer.bytecode_version})" if s.producer.bytecode_version is not None else "")
+            for k in bundle.kernels for s in k.stages})
+        out.print("producer: " + "; ".join(producers))
+
+    return Report(data, render)

@@ -1,0 +1,82 @@
+"""What every `portkern` command shares: reports, JSON output, formatting, the store."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: A command's result: plain data for `--json`, and how to show it to a person.
+Render = Callable[["Console"], None]  # noqa: F821 - rich's Console, imported lazily
+
+
+@dataclass
+class Report:
+    data: Any
+    render: Render | None = None
+    #: Process exit status (0 unless the command found something wrong).
+    status: int = 0
+
+
+def console(stderr: bool = False):
+    from rich.console import Console
+
+    out = Console(stderr=stderr, highlight=False)
+    if not out.is_terminal:
+        out = Console(stderr=stderr, highlight=False, width=160)
+    return out
+
+
+def emit(report: Report, as_json: bool) -> int:
+    if as_json:
+        json.dump(report.data, sys.stdout, indent=2, sort_keys=True, default=str)
+        sys.stdout.write("\n")
+    elif report.render is not None:
+        report.render(console())
+    return report.status
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]):
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", header_style="bold")
+    for name in columns:
+        t.add_column(name, overflow="fold")
+    for row in rows:
+        t.add_row(*("" if v is None else str(v) for v in row))
+    return t
+
+
+def human_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def human_age(timestamp: float, now: float | None = None) -> str:
+    seconds = max(0.0, (now or time.time()) - timestamp)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def add_json(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+
+def add_cache_dir(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cache-dir", metavar="DIR", help="cache directory (default: $PORTKERN_CACHE_DIR or the user cache dir)")
+
+
+def store_from(args: argparse.Namespace):
+    """The cache store the command should use (`--cache-dir` over the environment)."""
+    from portkern.cache.config import from_env
+    from portkern.cache.store import Store
+
+    return Store(from_env(getattr(args, "cache_dir", None)))

@@ -1,0 +1,57 @@
+"""`portkern`: the command-line entry point."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import warnings
+
+from portkern import __version__
+from portkern.cli.common import emit
+from portkern.errors import PortkernError
+
+#: Modules that each add one or more subcommands with `register(subparsers)`.
+COMMANDS = (
+    "portkern.cli.build",
+    "portkern.cli.run",
+    "portkern.cli.devices",
+    "portkern.cli.demo",
+)
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="portkern",
+        description="Build portable kernel bundles; finalise, tune, cache and run them on this machine.",
+    )
+    root.add_argument("--version", action="version", version=f"portkern {__version__}")
+    sub = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        importlib.import_module(name).register(sub)
+    return root
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None):
+    print(f"portkern: warning: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    warnings.showwarning = _show_warning
+    try:
+        return emit(args.handler(args), getattr(args, "json", False))
+    except PortkernError as exc:
+        message = " ".join(str(exc).split())
+        if getattr(args, "json", False):
+            print(json.dumps({"error": type(exc).__name__, "message": message}))
+        print(f"portkern: error: {message}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("portkern: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

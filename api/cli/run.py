@@ -1,0 +1,67 @@
+"""`portkern run`: one kernel of a bundle on .npy inputs, results to .npz."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from portkern.cli.common import Report, add_cache_dir, add_json, store_from, table
+from portkern.errors import ArgumentTypeError, PortkernError
+
+
+def register(sub) -> None:
+    run = sub.add_parser("run", help="run one kernel on .npy inputs")
+    run.add_argument("bundle", type=Path)
+    run.add_argument("kernel")
+    run.add_argument("--inputs", nargs="*", type=Path, default=[], metavar="NPY", help="one .npy file per argument")
+    run.add_argument("--out", type=Path, help="write results to this .npz (result0, result1, ...)")
+    run.add_argument("--device", default="cpu", help="device spec (default: cpu)")
+    run.add_argument("--tune", default=None, help="tuning strategy to apply first (default: none; use a stored result)")
+    add_cache_dir(run)
+    add_json(run)
+    run.set_defaults(handler=run_kernel)
+
+
+def load_inputs(paths: list[Path]) -> list:
+    """Arrays from .npy files; pickled object arrays are refused."""
+    import numpy as np
+
+    arrays = []
+    for index, path in enumerate(paths):
+        try:
+            arrays.append(np.load(path, allow_pickle=False))
+        except (OSError, ValueError) as exc:
+            raise ArgumentTypeError(f"input {index} ({path}): cannot read a .npy array: {exc}") from None
+    return arrays
+
+
+def run_kernel(args: argparse.Namespace) -> Report:
+    import numpy as np
+
+    import portkern
+
+    bundle = portkern.load(args.bundle, store=store_from(args))
+    kernel = bundle.kernel(args.kernel, device=args.device, tune=args.tune)
+    results = kernel(*load_inputs(args.inputs))
+    results = results if isinstance(results, tuple) else (results,)
+    if args.out:
+        try:
+            np.savez(args.out, **{f"result{i}": r for i, r in enumerate(results)})
+        except OSError as exc:
+            raise PortkernError(f"cannot write {args.out}: {exc}") from None
+    data = {
+        "kernel": kernel.name,
+        "device": kernel.device,
+        "config": kernel.config,
+        "origin": kernel.origin,
+        "out": str(args.out) if args.out else None,
+        "results": [{"name": f"result{i}", "shape": list(r.shape), "dtype": str(r.dtype)} for i, r in enumerate(results)],
+    }
+
+    def render(out):
+        rows = [[d["name"], "x".join(map(str, d["shape"])), d["dtype"]] for d in data["results"]]
+        out.print(table(f"{kernel.name} on {kernel.device} (config {kernel.config}, {kernel.origin})", ["result", "shape", "dtype"], rows))
+        if args.out:
+            out.print(f"saved to {args.out}")
+
+    return Report(data, render)

@@ -1,0 +1,106 @@
+"""Every error portkern raises on purpose. All derive from `PortkernError`.
+
+The CLI prints `str(error)` as a one-line message and exits non-zero; anything
+that is not a `PortkernError` is a bug.
+"""
+
+from __future__ import annotations
+
+
+class PortkernError(Exception):
+    """Base class of all portkern errors."""
+
+
+# --- build host -------------------------------------------------------------
+
+
+class ManifestError(PortkernError):
+    """The manifest is malformed, names missing files, or repeats a kernel."""
+
+
+class CompileError(PortkernError):
+    """The IREE compiler (or another kernel compiler) rejected its input."""
+
+
+class BuildError(CompileError):
+    """A kernel source failed to compile or import on the build host."""
+
+
+# --- bundle format ----------------------------------------------------------
+
+
+class BundleError(PortkernError):
+    """A bundle file cannot be read or trusted."""
+
+
+class BundleTruncatedError(BundleError):
+    """The file ends before its header or payload does."""
+
+
+class BadMagicError(BundleError):
+    """The file does not start with the portkern bundle magic."""
+
+
+class UnsupportedVersionError(BundleError):
+    """The bundle's format version is not one this portkern reads."""
+
+
+class DigestMismatchError(BundleError):
+    """The content does not hash to the digest recorded for it."""
+
+
+class OversizeFieldError(BundleError):
+    """A field, blob or the whole file is larger than the reader allows."""
+
+
+class MalformedBundleError(BundleError):
+    """The payload decodes but does not match the bundle schema."""
+
+
+class IncompatibleProducerError(BundleError):
+    """The bundle was produced by a compiler the installed one cannot read."""
+
+
+# --- device side ------------------------------------------------------------
+
+
+class KernelNotFoundError(PortkernError, KeyError):
+    """No kernel of that name is in the bundle."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class DeviceError(PortkernError):
+    """The requested device is absent, unsupported or cannot run this code."""
+
+
+class FinalizeError(CompileError):
+    """Compiling a portable stage to native code failed on the device."""
+
+
+class ArgumentTypeError(PortkernError, TypeError):
+    """A kernel was called with the wrong number or dtype of arguments."""
+
+
+class ArgumentShapeError(PortkernError, ValueError):
+    """A kernel argument has the wrong shape."""
+
+
+class KernelRuntimeError(PortkernError):
+    """The runtime failed while executing a kernel."""
+
+
+# --- cache and tuning -------------------------------------------------------
+
+
+class CacheError(PortkernError):
+    """The cache cannot be used as asked (bad key, unreadable export file, ...)."""
+
+
+class PerfConfigError(PortkernError, ValueError):
+    """A perf-config string or value is malformed."""
+
+
+class TuningError(PortkernError):
+    """Tuning could not produce any valid configuration."""

@@ -1,0 +1,1 @@
+"""Per-device store of native code and tuning results, keyed so no device gets another's entry."""

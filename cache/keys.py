@@ -1,0 +1,71 @@
+"""Cache keys. Every part that can change native code or a tuning result is in here.
+
+An artifact key hashes, as canonical JSON:
+
+- the kernel's content digest (its stage blob, entry point and kind), so equal
+  kernels share entries whatever bundle carries them and any change misses;
+- the device fingerprint digest (kind, arch, features, code-changing properties);
+- the compiler and runtime versions with their source revisions;
+- the perf config string ("default" for the compiler's own choice);
+- the compile flags that change code (target flags included).
+
+A tuning key hashes the problem key (what the dispatch computes: op kinds,
+shapes, dtypes), the device fingerprint and the compiler version: two bundles
+with the same dispatch on the same device share one tuning result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from portkern.cache.device import DeviceFingerprint
+
+KEY_VERSION = 1
+
+
+def _hash(parts: dict[str, Any]) -> str:
+    canonical = json.dumps({"v": KEY_VERSION, **parts}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def kernel_digest(kind: str, entry: str, stage_blob: str) -> str:
+    """Content digest of a kernel: what it computes, independent of bundle and name."""
+    return _hash({"kind": kind, "entry": entry, "stage": stage_blob})
+
+
+@dataclass(frozen=True)
+class ArtifactKey:
+    """The parts of an artifact key, kept for display; `.hex` is the key itself."""
+
+    kernel: str
+    device: DeviceFingerprint
+    compiler: str
+    config: str
+    flags: tuple[str, ...]
+
+    @property
+    def hex(self) -> str:
+        return _hash(
+            {
+                "kernel": self.kernel,
+                "device": self.device.digest(),
+                "compiler": self.compiler,
+                "config": self.config,
+                "flags": list(self.flags),
+            }
+        )
+
+
+def artifact_key(
+    kernel: str, device: DeviceFingerprint, compiler: str, config: str = "default", flags: Sequence[str] = ()
+) -> ArtifactKey:
+    """Key of the native code for `kernel` (a `kernel_digest`) on `device`."""
+    return ArtifactKey(kernel, device, compiler, config, tuple(flags))
+
+
+def tuning_key(problem: str, device: DeviceFingerprint, compiler: str) -> str:
+    """Key of the best perf config found for a problem on a device."""
+    return _hash({"problem": problem, "device": device.digest(), "compiler": compiler})

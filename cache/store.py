@@ -1,0 +1,292 @@
+"""The per-device store: native artifacts, tuning results and device probes, on diskcache.
+
+Layout inside one diskcache (only `str` and `bytes` values, so nothing is pickled):
+
+- `a/<key>`: the native artifact's bytes;
+- `m/<key>`: its metadata, JSON (an `Entry`), written in the same transaction;
+- `t/<key>`: a tuning result, JSON;
+- `p/<key>`: a memoised device probe, JSON;
+- `s/...`: hit and miss counters.
+
+Every artifact read re-hashes the bytes against the sha256 in its metadata; a
+mismatch evicts the entry and reads as a miss. Any failure of the cache itself
+(unwritable directory, full disk, broken database) becomes one warning and
+the store carries on as if disabled: kernels never fail because of the cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+import warnings
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from portkern.cache.config import CacheConfig, from_env
+
+
+class CacheWarning(UserWarning):
+    """The cache could not be used; kernels still run without it."""
+
+
+@dataclass
+class Entry:
+    """Metadata of one cached native artifact."""
+
+    key: str
+    kernel: str
+    bundle: str
+    bundle_digest: str
+    device: dict[str, Any]
+    device_label: str
+    config: str
+    format: str
+    size: int
+    sha256: str
+    compiler: str
+    flags: list[str] = field(default_factory=list)
+    kernel_digest: str = ""
+    created: float = 0.0
+    last_used: float = 0.0
+    hits: int = 0
+    finalize_s: float = 0.0
+    kernel_time_s: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Entry":
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class Store:
+    """A cache directory. Methods never raise for cache failures; they warn once."""
+
+    def __init__(self, config: CacheConfig | None = None) -> None:
+        self.config = config or from_env()
+        self._cache = None
+        self._broken: str | None = None
+        if self.config.disabled:
+            self._broken = "disabled by PORTKERN_CACHE_DISABLE"
+
+    @property
+    def directory(self) -> Path:
+        return self.config.directory
+
+    @property
+    def enabled(self) -> bool:
+        return self._open() is not None
+
+    # --- plumbing -----------------------------------------------------------
+
+    def _open(self):
+        if self._cache is None and self._broken is None:
+            try:
+                import diskcache
+
+                self.directory.mkdir(parents=True, exist_ok=True)
+                self._cache = diskcache.Cache(
+                    str(self.directory), eviction_policy="none", size_limit=1 << 62, statistics=0
+                )
+            except Exception as exc:  # noqa: BLE001 - any cache failure degrades, never fails
+                self._fail("open", exc)
+        return self._cache
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        if self._broken is None:
+            self._broken = f"{what}: {type(exc).__name__}: {exc}"
+            warnings.warn(
+                f"portkern cache at {self.directory} is not usable ({self._broken}); running without it",
+                CacheWarning,
+                stacklevel=3,
+            )
+        self._cache = None
+
+    def _guard(self, what: str, action: Callable[[Any], Any], default: Any = None) -> Any:
+        cache = self._open()
+        if cache is None:
+            return default
+        try:
+            return action(cache)
+        except Exception as exc:  # noqa: BLE001
+            self._fail(what, exc)
+            return default
+
+    def close(self) -> None:
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
+
+    # --- artifacts ----------------------------------------------------------
+
+    def get(self, key: str, *, count: bool = True) -> tuple[bytes, Entry] | None:
+        """The artifact and its metadata, if present and intact (counts a hit or miss)."""
+
+        def read(cache):
+            meta = cache.get(f"m/{key}")
+            data = cache.get(f"a/{key}") if meta is not None else None
+            if meta is None or data is None:
+                if count:
+                    cache.incr("s/misses", default=0)
+                return None
+            entry = Entry.from_json(meta)
+            if hashlib.sha256(data).hexdigest() != entry.sha256:
+                warnings.warn(
+                    f"portkern cache entry {key[:16]} ({entry.kernel} on {entry.device_label}) is corrupt; "
+                    "evicted, it will be rebuilt",
+                    CacheWarning,
+                    stacklevel=4,
+                )
+                self._delete(cache, key)
+                if count:
+                    cache.incr("s/misses", default=0)
+                return None
+            if count:
+                entry.hits += 1
+                entry.last_used = time.time()
+                cache.set(f"m/{key}", entry.to_json())
+                cache.incr("s/hits", default=0)
+            return data, entry
+
+        return self._guard("read", read)
+
+    def put(self, key: str, data: bytes, entry: Entry) -> bool:
+        """Store an artifact; returns False if the cache could not take it."""
+        entry.key = key
+        entry.size = len(data)
+        entry.sha256 = hashlib.sha256(data).hexdigest()
+        entry.created = entry.created or time.time()
+        entry.last_used = entry.last_used or entry.created
+
+        def write(cache):
+            with cache.transact():
+                cache.set(f"a/{key}", bytes(data))
+                cache.set(f"m/{key}", entry.to_json())
+            return True
+
+        stored = bool(self._guard("write", write, False))
+        if stored:
+            self.enforce_budget()
+        return stored
+
+    def delete(self, key: str) -> bool:
+        return bool(self._guard("delete", lambda cache: self._delete(cache, key), False))
+
+    @staticmethod
+    def _delete(cache, key: str) -> bool:
+        with cache.transact():
+            found = cache.delete(f"m/{key}")
+            cache.delete(f"a/{key}")
+        return bool(found)
+
+    def entries(self) -> list[Entry]:
+        """Metadata of every artifact, most recently used first."""
+
+        def scan(cache):
+            found = []
+            for name in cache.iterkeys():
+                if isinstance(name, str) and name.startswith("m/"):
+                    text = cache.get(name)
+                    if text is not None:
+                        found.append(Entry.from_json(text))
+            return sorted(found, key=lambda e: e.last_used, reverse=True)
+
+        return self._guard("scan", scan, [])
+
+    def read_raw(self, key: str) -> bytes | None:
+        """An artifact's bytes without checking or counting (for verify and export)."""
+        return self._guard("read", lambda cache: cache.get(f"a/{key}"))
+
+    def enforce_budget(self, max_size: int | None = None) -> list[Entry]:
+        """Evict least-recently-used artifacts until they fit the size budget."""
+        budget = self.config.max_size if max_size is None else max_size
+        entries = self.entries()
+        total = sum(e.size for e in entries)
+        evicted = []
+        for entry in reversed(entries):  # least recently used first
+            if total <= budget:
+                break
+            if self.delete(entry.key):
+                total -= entry.size
+                evicted.append(entry)
+        return evicted
+
+    # --- small JSON records: tuning results, device probes ------------------
+
+    def get_record(self, kind: str, key: str) -> dict | None:
+        text = self._guard("read", lambda cache: cache.get(f"{kind}/{key}"))
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            self._guard("delete", lambda cache: cache.delete(f"{kind}/{key}"))
+            return None
+
+    def put_record(self, kind: str, key: str, record: dict) -> bool:
+        text = json.dumps(record, sort_keys=True)
+        return bool(self._guard("write", lambda cache: cache.set(f"{kind}/{key}", text) or True, False))
+
+    def records(self, kind: str) -> Iterator[tuple[str, dict]]:
+        prefix = f"{kind}/"
+        keys = self._guard("scan", lambda cache: [k for k in cache.iterkeys() if isinstance(k, str) and k.startswith(prefix)], [])
+        for name in keys:
+            record = self.get_record(kind, name[len(prefix) :])
+            if record is not None:
+                yield name[len(prefix) :], record
+
+    def delete_record(self, kind: str, key: str) -> bool:
+        return bool(self._guard("delete", lambda cache: cache.delete(f"{kind}/{key}"), False))
+
+    # --- counters and locks -------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        def read(cache):
+            return {name: int(cache.get(f"s/{name}", 0) or 0) for name in ("hits", "misses")}
+
+        return self._guard("read", read, {"hits": 0, "misses": 0})
+
+    def lock(self, key: str, timeout: float = 900.0):
+        """A cross-process lock for building `key`, so concurrent processes build it once."""
+        if self._open() is None:
+            return nullcontext()
+        try:
+            from filelock import FileLock
+
+            locks = self.directory / "locks"
+            locks.mkdir(exist_ok=True)
+            return _tolerant(FileLock(str(locks / f"{key[:32]}.lock"), timeout=timeout))
+        except Exception as exc:  # noqa: BLE001
+            self._fail("lock", exc)
+            return nullcontext()
+
+
+@contextmanager
+def _tolerant(lock):
+    """Hold `lock` if it can be taken; run unlocked (duplicate work, never failure) if not."""
+    try:
+        lock.acquire()
+    except Exception:  # noqa: BLE001 - a lock we cannot take only costs duplicate work
+        yield
+        return
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+_default: Store | None = None
+
+
+def default_store() -> Store:
+    """The process-wide store configured from the environment."""
+    global _default
+    if _default is None or _default.config != from_env():
+        _default = Store()
+    return _default

@@ -1,0 +1,132 @@
+"""NumPy reference implementations and input generators for the example kernels.
+
+Each entry of EXAMPLES describes one kernel of manifest.yaml: how to build its
+inputs from a numpy Generator, a NumPy reference returning the list of outputs,
+and the rtol/atol a compiled (f32) kernel must meet against that reference.
+
+GEMM operands are uniform, A scaled by sqrt(3/K) and B by sqrt(3) so the GEMM
+output has unit standard deviation: activations are never saturated and a
+wrong kernel shows up as a large error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+M, K, N = 256, 512, 384
+
+
+@dataclass(frozen=True)
+class Example:
+    name: str  # kernel name in the manifest
+    inputs: Callable[[np.random.Generator], list[np.ndarray]]
+    reference: Callable[..., list[np.ndarray]]  # numpy reference, returns list of outputs
+    rtol: float
+    atol: float
+
+
+def _uniform(rng: np.random.Generator, shape: tuple[int, ...], scale: float = 1.0) -> np.ndarray:
+    return (rng.uniform(-1.0, 1.0, shape) * scale).astype(np.float32)
+
+
+def _gemm_operands(rng: np.random.Generator, n: int) -> list[np.ndarray]:
+    # A has variance 1/K and B variance 1, so every entry of A @ B has std ~1:
+    # relu is half active and sigmoid inputs span roughly [-3, 3], neither
+    # saturated nor in the near-linear region around 0.
+    a = _uniform(rng, (M, K), np.sqrt(3.0 / K))
+    b = _uniform(rng, (K, n), np.sqrt(3.0))
+    return [a, b]
+
+
+def _matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    # Accumulate in float64, then round once: the "exact" f32 answer.
+    return a.astype(np.float64) @ b.astype(np.float64)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+# --- gemm_bias_relu ---------------------------------------------------------
+
+def _gemm_bias_relu_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return [*_gemm_operands(rng, N), _uniform(rng, (N,), 0.5)]
+
+
+def _gemm_bias_relu(a: np.ndarray, b: np.ndarray, bias: np.ndarray) -> list[np.ndarray]:
+    out = np.maximum(_matmul(a, b) + bias, 0.0)
+    return [out.astype(np.float32)]
+
+
+# --- gemm_glu ---------------------------------------------------------------
+
+def _gemm_glu_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return _gemm_operands(rng, 2 * N)
+
+
+def _gemm_glu(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    c = _matmul(a, b)
+    return [(c[:, :N] * _sigmoid(c[:, N:])).astype(np.float32)]
+
+
+# --- gemm_rowsum ------------------------------------------------------------
+
+def _gemm_rowsum_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return _gemm_operands(rng, N)
+
+
+def _gemm_rowsum(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    return [_matmul(a, b).sum(axis=1).astype(np.float32)]
+
+
+# --- gemm_transpose_add -----------------------------------------------------
+
+def _gemm_transpose_add_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return [*_gemm_operands(rng, N), _uniform(rng, (N, M))]
+
+
+def _gemm_transpose_add(a: np.ndarray, b: np.ndarray, d: np.ndarray) -> list[np.ndarray]:
+    return [(_matmul(a, b).T + d).astype(np.float32)]
+
+
+# --- mlp (mlp.onnx) ---------------------------------------------------------
+
+def _mlp_weights() -> dict[str, np.ndarray]:
+    import onnx  # lazy: only this example needs it
+    from onnx import numpy_helper
+
+    model = onnx.load(str(HERE / "mlp.onnx"))
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def _mlp_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return [_uniform(rng, (32, 64))]
+
+
+def _mlp(x: np.ndarray) -> list[np.ndarray]:
+    w = {k: v.astype(np.float64) for k, v in _mlp_weights().items()}
+    h = np.maximum(x.astype(np.float64) @ w["W1"] + w["b1"], 0.0)
+    logits = h @ w["W2"] + w["b2"]
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return [(e / e.sum(axis=-1, keepdims=True)).astype(np.float32)]
+
+
+EXAMPLES: dict[str, Example] = {
+    ex.name: ex
+    for ex in [
+        Example("gemm_bias_relu", _gemm_bias_relu_inputs, _gemm_bias_relu, rtol=1e-4, atol=1e-5),
+        Example("gemm_glu", _gemm_glu_inputs, _gemm_glu, rtol=1e-4, atol=1e-5),
+        # Row sums are ~N(0, sqrt(384) ~ 20) and accumulate 512*384 products,
+        # so absolute error near zero-valued sums needs a larger atol.
+        Example("gemm_rowsum", _gemm_rowsum_inputs, _gemm_rowsum, rtol=1e-4, atol=1e-4),
+        Example("gemm_transpose_add", _gemm_transpose_add_inputs, _gemm_transpose_add,
+                rtol=1e-4, atol=1e-5),
+        Example("mlp", _mlp_inputs, _mlp, rtol=1e-5, atol=1e-6),
+    ]
+}

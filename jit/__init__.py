@@ -1,0 +1,1 @@
+"""Device side: device probing, finalisation to native code, loading and running kernels."""

@@ -1,0 +1,148 @@
+"""The host CPU as LLVM sees it, and IREE `llvm-cpu` targets for it or for named CPUs."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import platform
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from portkern.cache.device import DeviceFingerprint
+from portkern.cache.store import Store
+from portkern.errors import DeviceError
+from portkern.jit.target import Probe, Target
+from portkern.portable.producer import installed_compiler
+
+KIND = "cpu"
+
+#: A module with one dispatch: lowering it to `executable-sources` makes IREE
+#: write the resolved `#hal.executable.target` (CPU name, features, triple).
+_PROBE_MODULE = """func.func @probe(%a: tensor<16xf32>, %b: tensor<16xf32>) -> tensor<16xf32> {
+  %0 = arith.addf %a, %b : tensor<16xf32>
+  return %0 : tensor<16xf32>
+}"""
+_TARGET_ATTR = re.compile(r'#hal\.executable\.target<"llvm-cpu", "[^"]+", \{(.*?)\}>')
+
+
+def flags(fingerprint: DeviceFingerprint) -> tuple[str, ...]:
+    """IREE flags that compile for exactly this CPU (IREE's default, embedded-ELF triple)."""
+    return (
+        "--iree-hal-target-device=local",
+        "--iree-hal-local-target-device-backends=llvm-cpu",
+        f"--iree-llvmcpu-target-cpu={fingerprint.arch}",
+        f"--iree-llvmcpu-target-cpu-features={fingerprint.features}",
+    )
+
+
+def host_identity() -> str:
+    """A cheap digest of what the OS reports about the CPU (model, stepping, flags)."""
+    parts = [platform.machine()]
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        first = text.split("\n\n", 1)[0]
+        parts += [line for line in first.splitlines() if line.split(":")[0].strip() in _IDENTITY_FIELDS]
+    except OSError:
+        parts.append(platform.processor())
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+_IDENTITY_FIELDS = {"vendor_id", "cpu family", "model", "model name", "stepping", "flags", "Features", "CPU part"}
+
+
+def host(store: Store | None = None) -> DeviceFingerprint:
+    """This machine's CPU, as LLVM's host detection names it (memoised in the store)."""
+    return resolve("host", store)
+
+
+def resolve(cpu: str, store: Store | None = None) -> DeviceFingerprint:
+    """The fingerprint of an LLVM CPU name ("host" for this machine's CPU)."""
+    compiler = installed_compiler()
+    memo = hashlib.sha256(
+        f"{cpu}|{host_identity() if cpu == 'host' else ''}|{compiler.version}|{compiler.revision}".encode()
+    ).hexdigest()
+    if store is not None:
+        record = store.get_record("p", memo)
+        if record is not None:
+            return DeviceFingerprint.from_dict(record)
+    fingerprint = _llvm_resolve(cpu)
+    if store is not None:
+        store.put_record("p", memo, fingerprint.to_dict())
+    return fingerprint
+
+
+PROBE_TIMEOUT_S = 120
+
+
+@functools.lru_cache(maxsize=None)
+def _llvm_resolve(cpu: str) -> DeviceFingerprint:
+    """Ask LLVM (inside IREE) in a child process: an unknown CPU name aborts LLVM."""
+    if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", cpu):
+        raise DeviceError(f"{cpu!r} is not a CPU name")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "portkern.jit.cpu", cpu],
+            capture_output=True,
+            text=True,
+            timeout=PROBE_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise DeviceError(f"probing the CPU {cpu!r} took longer than {PROBE_TIMEOUT_S} s") from None
+    if "is not a recognized processor" in done.stderr or done.returncode != 0:
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        raise DeviceError(f"LLVM does not know the CPU {cpu!r} ({lines[-1] if lines else 'probe failed'})")
+    return DeviceFingerprint.from_dict(json.loads(done.stdout))
+
+
+def _probe_in_this_process(cpu: str) -> DeviceFingerprint:
+    from portkern.portable.compiler import Compiler
+
+    features = "host" if cpu == "host" else ""
+    compiler = Compiler(
+        (
+            "--iree-hal-target-device=local",
+            "--iree-hal-local-target-device-backends=llvm-cpu",
+            f"--iree-llvmcpu-target-cpu={cpu}",
+            f"--iree-llvmcpu-target-cpu-features={features}",
+        )
+    )
+    text = str(compiler.lower(compiler.parse(_PROBE_MODULE), from_phase="start", to_phase="executable-sources"))
+    match = _TARGET_ATTR.search(text)
+    if match is None:
+        raise DeviceError(f"could not read the IREE CPU target for {cpu!r}")
+    attrs = dict(re.findall(r'([\w.]+) = "([^"]*)"', match.group(1)))
+    return DeviceFingerprint(KIND, attrs.get("cpu", cpu), attrs.get("cpu_features", ""), (("triple", _host_triple()),))
+
+
+def _host_triple() -> str:
+    machine = platform.machine().lower()
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    system = platform.system().lower()
+    return f"{arch}-unknown-{system}-gnu" if system == "linux" else f"{arch}-unknown-{system}"
+
+
+def can_run(code: DeviceFingerprint, host_cpu: DeviceFingerprint) -> bool:
+    """Whether code built for `code` only uses features the host CPU has."""
+    needed = {f[1:] for f in code.features.split(",") if f.startswith("+")}
+    have = {f[1:] for f in host_cpu.features.split(",") if f.startswith("+")}
+    return needed <= have and code.property("triple") == host_cpu.property("triple")
+
+
+def probe(store: Store | None = None) -> Probe:
+    return Probe(KIND, (host(store),))
+
+
+def target(arch: str | None, store: Store | None = None) -> Target:
+    """The target for this CPU (`arch` None) or for a named LLVM CPU."""
+    here = host(store)
+    fingerprint = here if arch in (None, "", "host") else resolve(arch, store)
+    runnable = can_run(fingerprint, here)
+    reason = "" if runnable else f"this host ({here.arch}) lacks CPU features that {fingerprint.arch} code uses"
+    return Target(fingerprint, flags(fingerprint), "any", "local-task", runnable, reason)
+
+
+if __name__ == "__main__":
+    print(json.dumps(_probe_in_this_process(sys.argv[1]).to_dict()))

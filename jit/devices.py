@@ -1,0 +1,55 @@
+"""Device specs ("cpu", "cpu:haswell", ...) and the backends that probe and target them.
+
+A backend is a module with `KIND`, `probe(store) -> Probe` and
+`target(arch, store) -> Target` (`arch` None: the local device).
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from portkern.cache.store import Store
+from portkern.errors import DeviceError
+from portkern.jit.target import Probe, Target
+
+_BACKENDS = {
+    "cpu": "portkern.jit.cpu",
+}
+_ALIASES = {"host": "cpu", "llvm-cpu": "cpu"}
+
+
+def kinds() -> tuple[str, ...]:
+    return tuple(_BACKENDS)
+
+
+def parse(spec: str) -> tuple[str, str | None]:
+    """`"kind"` or `"kind:arch"` -> (kind, arch or None)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise DeviceError(f"device must be a string such as 'cpu' or 'cpu:znver4', got {spec!r}")
+    kind, _, arch = spec.strip().partition(":")
+    kind = _ALIASES.get(kind.lower(), kind.lower())
+    if kind not in _BACKENDS:
+        raise DeviceError(f"unknown device kind {kind!r} in {spec!r} (known: {', '.join(_BACKENDS)})")
+    return kind, (arch or None)
+
+
+def backend(kind: str) -> ModuleType:
+    return importlib.import_module(_BACKENDS[kind])
+
+
+def resolve(spec: str, store: Store | None = None) -> Target:
+    """The target a device spec names."""
+    kind, arch = parse(spec)
+    return backend(kind).target(arch, store)
+
+
+def probe_all(store: Store | None = None) -> list[Probe]:
+    """Every backend's view of this machine; a failing probe is reported, never raised."""
+    found = []
+    for kind in _BACKENDS:
+        try:
+            found.append(backend(kind).probe(store))
+        except Exception as exc:  # noqa: BLE001 - a probe must not take down the listing
+            found.append(Probe(kind, (), f"probe failed: {type(exc).__name__}: {exc}"))
+    return found

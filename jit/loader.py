@@ -1,0 +1,222 @@
+"""`portkern.load(path).kernel(name, device=...)`: cached native code, callable on NumPy arrays."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from portkern.cache.device import DeviceFingerprint
+from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, tuning_key
+from portkern.cache.store import Entry, Store, default_store
+from portkern.errors import DeviceError
+from portkern.jit import devices
+from portkern.jit.args import check_arguments
+from portkern.jit.target import Target
+from portkern.portable.bundle import Bundle, KernelRecord, Signature, read_bundle
+from portkern.portable.producer import check_release, installed_compiler, installed_runtime
+
+DEFAULT_CONFIG = "default"
+#: `tune=` values that never search.
+NO_SEARCH = (None, "none", "default")
+
+
+@dataclass(frozen=True)
+class Native:
+    """Native code for one kernel on one target, and where it came from."""
+
+    data: bytes
+    key: str
+    config: str
+    #: "cache", "prebuilt" or "finalized".
+    origin: str
+    finalize_s: float = 0.0
+
+
+def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
+    """Open and check a bundle; nothing is compiled until a kernel is asked for."""
+    bundle = read_bundle(path)
+    for record in bundle.kernels:
+        for stage in record.stages:
+            if stage.format == "mlir-bytecode":
+                check_release(stage.producer, record.name)
+    return LoadedBundle(bundle, Path(path), store)
+
+
+def compiler_id(record: KernelRecord) -> str:
+    """The toolchain that turns this kernel into native code (part of every cache key)."""
+    compiler, runtime = installed_compiler(), installed_runtime()
+    return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
+
+
+def selection_key(record: KernelRecord, target: Target) -> str:
+    """Key of the config chosen for a kernel on a device (written by the tuner)."""
+    stage = record.stage(target.family)
+    return tuning_key(f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}", target.fingerprint, compiler_id(record))
+
+
+class LoadedBundle:
+    """A bundle opened on this machine."""
+
+    def __init__(self, bundle: Bundle, path: Path, store: Store | None = None) -> None:
+        self.bundle = bundle
+        self.path = path
+        self.store = store if store is not None else default_store()
+
+    @property
+    def name(self) -> str:
+        return self.bundle.name
+
+    @property
+    def digest(self) -> str:
+        return self.bundle.digest
+
+    def names(self) -> list[str]:
+        return [k.name for k in self.bundle.kernels]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+    def record(self, name: str) -> KernelRecord:
+        return self.bundle.kernel(name)
+
+    def kernel(self, name: str, device: str = "cpu", tune: str | None = None) -> "Kernel":
+        """A callable kernel for a device on this machine.
+
+        `tune=None` never searches: it uses the config stored for this device
+        by an earlier tuning run, else the compiler's default. `tune="quick"`,
+        `"full"`, ... tune now (unless a result is stored) and store the winner.
+        """
+        record = self.record(name)
+        target = devices.resolve(device, self.store)
+        if not target.runnable:
+            raise DeviceError(
+                f"cannot run {name!r} on {target.label} here: {target.reason} "
+                f"(use `portkern finalize --target {target.label}` to build for it ahead of time)"
+            )
+        config = self.config_for(record, target, tune)
+        native = self.native(record, target, config)
+        return Kernel(record, target, native, self._executable(record, target, native))
+
+    def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> str:
+        """The perf config to use: stored selection, default, or a fresh tuning result."""
+        if tune in NO_SEARCH:
+            if tune is None:
+                chosen = self.store.get_record("t", selection_key(record, target))
+                if chosen and isinstance(chosen.get("config"), str):
+                    return chosen["config"]
+            return DEFAULT_CONFIG
+        from portkern.tuner.session import tune_kernel
+
+        return tune_kernel(self, record, target, strategy=tune).config
+
+    def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
+        stage = record.stage(target.family)
+        return artifact_key(
+            kernel_digest(record.kind, record.entry, stage.blob),
+            target.fingerprint,
+            compiler_id(record),
+            config,
+            target.flags,
+        )
+
+    def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
+        """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
+        key = self.key(record, target, config).hex
+        hit = self.store.get(key)
+        if hit is not None:
+            return Native(hit[0], key, config, "cache", hit[1].finalize_s)
+        with self.store.lock(key):
+            hit = self.store.get(key, count=False)
+            if hit is not None:
+                return Native(hit[0], key, config, "cache", hit[1].finalize_s)
+            prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
+            start = time.perf_counter()
+            data = prebuilt if prebuilt is not None else self._compile(record, target, config)
+            elapsed = time.perf_counter() - start
+            native = Native(data, key, config, "prebuilt" if prebuilt is not None else "finalized", elapsed)
+            self.store.put(key, data, self._entry(record, target, native))
+            return native
+
+    def _prebuilt(self, record: KernelRecord, target: Target) -> bytes | None:
+        for artifact in record.native:
+            if DeviceFingerprint.from_dict(artifact.device) == target.fingerprint:
+                return self.bundle.blob(artifact.blob)
+        return None
+
+    def _compile(self, record: KernelRecord, target: Target, config: str) -> bytes:
+        if config != DEFAULT_CONFIG:
+            from portkern.tuner.session import compile_config
+
+            return compile_config(self.bundle, record, target, config)
+        from portkern.jit.finalize import finalize
+
+        return finalize(self.bundle, record, target)
+
+    def _executable(self, record: KernelRecord, target: Target, native: Native):
+        from portkern.jit.runtime import Executable
+
+        return Executable(native.data, record.entry, target.driver)
+
+    def _entry(self, record: KernelRecord, target: Target, native: Native) -> Entry:
+        stage = record.stage(target.family)
+        return Entry(
+            key=native.key,
+            kernel=record.name,
+            bundle=self.bundle.name,
+            bundle_digest=self.bundle.digest,
+            device=target.fingerprint.to_dict(),
+            device_label=target.label,
+            config=native.config,
+            format="vmfb",
+            size=len(native.data),
+            sha256="",
+            compiler=compiler_id(record),
+            flags=list(target.flags),
+            kernel_digest=kernel_digest(record.kind, record.entry, stage.blob),
+            finalize_s=native.finalize_s,
+        )
+
+
+class Kernel:
+    """A kernel finalised for one device; call it with NumPy arrays."""
+
+    def __init__(self, record: KernelRecord, target: Target, native: Native, executable) -> None:
+        self.record = record
+        self.target = target
+        self.native = native
+        self._executable = executable
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def signature(self) -> Signature:
+        return self.record.signature
+
+    @property
+    def device(self) -> str:
+        return self.target.label
+
+    @property
+    def config(self) -> str:
+        return self.native.config
+
+    @property
+    def origin(self) -> str:
+        return self.native.origin
+
+    def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        arrays = check_arguments(self.name, self.signature, args)
+        results = self._executable(*arrays)
+        return results[0] if len(results) == 1 else tuple(results)
+
+    def __repr__(self) -> str:
+        return f"<Kernel {self.name} {self.signature} on {self.device} config={self.config} from {self.origin}>"

@@ -1,0 +1,53 @@
+"""Running native IREE code (vmfb) on NumPy arrays."""
+
+from __future__ import annotations
+
+import threading
+import numpy as np
+
+from portkern.errors import DeviceError, KernelRuntimeError
+
+_configs: dict[str, object] = {}
+_configs_lock = threading.Lock()
+
+
+def runtime_config(driver: str):
+    """One IREE runtime config (instance + device) per driver per process."""
+    with _configs_lock:
+        if driver not in _configs:
+            import iree.runtime as rt
+
+            try:
+                _configs[driver] = rt.Config(driver)
+            except (RuntimeError, ValueError) as exc:
+                raise DeviceError(f"IREE runtime driver {driver!r} is not usable here: {exc}") from None
+        return _configs[driver]
+
+
+class Executable:
+    """A loaded vmfb whose entry function takes and returns NumPy arrays."""
+
+    def __init__(self, vmfb: bytes, entry: str, driver: str = "local-task") -> None:
+        import iree.runtime as rt
+
+        config = runtime_config(driver)
+        try:
+            self._context = rt.SystemContext(config=config)
+            module = rt.VmModule.copy_buffer(self._context.instance, vmfb)
+            self._context.add_vm_module(module)
+            self._function = self._context.modules[module.name][entry]
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise KernelRuntimeError(f"cannot load native code for {entry!r}: {exc}") from None
+        self.entry = entry
+        self.driver = driver
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        try:
+            results = self._function(*arrays)
+        except (RuntimeError, ValueError) as exc:
+            raise KernelRuntimeError(f"{self.entry}: {exc}") from None
+        if results is None:
+            return []
+        if not isinstance(results, (tuple, list)):
+            results = (results,)
+        return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]

@@ -1,0 +1,380 @@
+"""The `.pkb` bundle format (v1): reading, writing and the records it holds.
+
+Layout (docs/bundle-format.md has the full description)::
+
+    magic    8 bytes   b"\\x89PKB\\r\\n\\x1a\\n"
+    major    u16 BE    format major version (readers refuse other majors)
+    minor    u16 BE    format minor version (readers refuse newer minors)
+    length   u64 BE    payload length in bytes
+    digest   32 bytes  sha256 of the payload: the bundle digest
+    payload  msgpack   {"meta": <metadata, see schemas/bundle.schema.json>,
+                        "blobs": {<sha256 hex>: <bytes>}}
+
+Metadata refers to every binary (MLIR bytecode, SPIR-V, native code) by the
+sha256 of its bytes; the reader checks every blob against its name. Bundles
+are untrusted input: nothing in them is executed, every size is bounded, and
+names cannot contain path separators.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import msgpack
+
+from portkern.errors import (
+    BadMagicError,
+    BundleError,
+    BundleTruncatedError,
+    DigestMismatchError,
+    MalformedBundleError,
+    OversizeFieldError,
+    UnsupportedVersionError,
+)
+from portkern.portable.producer import Producer
+from portkern.schemas import validator
+
+MAGIC = b"\x89PKB\r\n\x1a\n"
+FORMAT_MAJOR = 1
+FORMAT_MINOR = 0
+_HEADER = struct.Struct(">8sHHQ32s")
+HEADER_SIZE = _HEADER.size
+
+#: Reader limits. A bundle over any of them is refused with OversizeFieldError.
+MAX_BUNDLE_BYTES = 4 << 30
+MAX_BLOB_BYTES = 2 << 30
+MAX_STRING_BYTES = 64 << 10
+MAX_ARRAY_ITEMS = 1 << 16
+MAX_MAP_ITEMS = 1 << 16
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape (None for a dynamic dimension) and NumPy dtype name of one tensor."""
+
+    shape: tuple[int | None, ...]
+    dtype: str
+
+    def to_dict(self) -> dict:
+        return {"shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "TensorSpec":
+        return cls(tuple(data["shape"]), data["dtype"])
+
+    def __str__(self) -> str:
+        dims = "x".join("?" if d is None else str(d) for d in self.shape)
+        return f"{dims}x{self.dtype}" if dims else self.dtype
+
+
+@dataclass(frozen=True)
+class Signature:
+    """Arguments and results of a kernel's entry function."""
+
+    inputs: tuple[TensorSpec, ...]
+    results: tuple[TensorSpec, ...]
+
+    def to_dict(self) -> dict:
+        return {"inputs": [t.to_dict() for t in self.inputs], "results": [t.to_dict() for t in self.results]}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Signature":
+        return cls(
+            tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
+            tuple(TensorSpec.from_dict(t) for t in data["results"]),
+        )
+
+    def __str__(self) -> str:
+        return f"({', '.join(map(str, self.inputs))}) -> ({', '.join(map(str, self.results))})"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A portable (not yet native) form of a kernel, stored as a blob."""
+
+    #: The IREE phase it was lowered to ("flow", "executable-sources") or "spirv".
+    phase: str
+    #: Device family it is specific to: "any", or e.g. "amdgpu" for a placeholder-arch stage.
+    family: str
+    #: "mlir-bytecode" or "spirv".
+    format: str
+    blob: str
+    size: int
+    producer: Producer
+    #: The placeholder target a family stage was lowered for, to be swapped on the device.
+    placeholder: str | None = None
+
+    def to_dict(self) -> dict:
+        data = {
+            "phase": self.phase,
+            "family": self.family,
+            "format": self.format,
+            "blob": self.blob,
+            "size": self.size,
+            "producer": self.producer.to_dict(),
+        }
+        if self.placeholder is not None:
+            data["placeholder"] = self.placeholder
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Stage":
+        return cls(
+            data["phase"],
+            data["family"],
+            data["format"],
+            data["blob"],
+            data["size"],
+            Producer.from_dict(data["producer"]),
+            data.get("placeholder"),
+        )
+
+
+@dataclass(frozen=True)
+class NativeArtifact:
+    """Native code prebuilt for one target (a fat-binary slice)."""
+
+    #: Target label, e.g. "cpu:znver4" or "amdgpu:gfx942".
+    target: str
+    #: "vmfb" or an OpenCL program binary format.
+    format: str
+    blob: str
+    size: int
+    #: The device fingerprint (as plain data) the code was built for.
+    device: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "format": self.format, "blob": self.blob, "size": self.size, "device": dict(self.device)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "NativeArtifact":
+        return cls(data["target"], data["format"], data["blob"], data["size"], data.get("device", {}))
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    """Everything a bundle holds about one kernel."""
+
+    name: str
+    kind: str
+    entry: str
+    signature: Signature
+    stages: tuple[Stage, ...]
+    source_sha256: str
+    native: tuple[NativeArtifact, ...] = ()
+    #: Kind-specific launch description (OpenCL: arguments, sizes); empty for MLIR.
+    launch: Mapping[str, Any] = field(default_factory=dict)
+
+    def stage(self, family: str = "any") -> Stage:
+        """The stage for a device family (the device-independent one by default)."""
+        for stage in self.stages:
+            if stage.family == family:
+                return stage
+        have = ", ".join(f"{s.family}/{s.phase}" for s in self.stages)
+        raise BundleError(f"kernel {self.name!r} has no {family!r} stage (it has: {have})")
+
+    def to_dict(self) -> dict:
+        data = {
+            "name": self.name,
+            "kind": self.kind,
+            "entry": self.entry,
+            "signature": self.signature.to_dict(),
+            "stages": [s.to_dict() for s in self.stages],
+            "source_sha256": self.source_sha256,
+            "native": [n.to_dict() for n in self.native],
+        }
+        if self.launch:
+            data["launch"] = dict(self.launch)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "KernelRecord":
+        return cls(
+            data["name"],
+            data["kind"],
+            data["entry"],
+            Signature.from_dict(data["signature"]),
+            tuple(Stage.from_dict(s) for s in data["stages"]),
+            data["source_sha256"],
+            tuple(NativeArtifact.from_dict(n) for n in data.get("native", ())),
+            data.get("launch", {}),
+        )
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A bundle's contents: named kernels and the blobs they refer to."""
+
+    name: str
+    kernels: tuple[KernelRecord, ...]
+    blobs: Mapping[str, bytes]
+    #: sha256 of the payload, hex; set when read from or written to a file.
+    digest: str = ""
+    version: tuple[int, int] = (FORMAT_MAJOR, FORMAT_MINOR)
+
+    def kernel(self, name: str) -> KernelRecord:
+        from portkern.errors import KernelNotFoundError
+
+        for record in self.kernels:
+            if record.name == name:
+                return record
+        known = ", ".join(k.name for k in self.kernels) or "none"
+        raise KernelNotFoundError(f"bundle {self.name!r} has no kernel {name!r} (it has: {known})")
+
+    def blob(self, sha: str) -> bytes:
+        return self.blobs[sha]
+
+    def meta(self) -> dict:
+        return {
+            "format": "portkern-bundle",
+            "version": list(self.version),
+            "name": self.name,
+            "kernels": [k.to_dict() for k in self.kernels],
+        }
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def encode(bundle: Bundle) -> bytes:
+    """The bundle's bytes. Equal contents give equal bytes."""
+    payload = msgpack.packb(
+        {"meta": bundle.meta(), "blobs": {sha: bundle.blobs[sha] for sha in sorted(bundle.blobs)}},
+        use_bin_type=True,
+    )
+    header = _HEADER.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, len(payload), hashlib.sha256(payload).digest())
+    return header + payload
+
+
+def write_bundle(bundle: Bundle, path: str | Path) -> str:
+    """Write atomically (temp file + rename); return the bundle digest."""
+    data = encode(bundle)
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise BundleError(f"cannot write bundle {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return data[HEADER_SIZE - 32 : HEADER_SIZE].hex()
+
+
+def read_bundle(path: str | Path) -> Bundle:
+    """Read and check a bundle file; raise a `BundleError` subclass if it is not sound."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_BUNDLE_BYTES:
+            raise OversizeFieldError(f"{path}: {size} bytes is larger than the {MAX_BUNDLE_BYTES}-byte bundle limit")
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BundleError(f"{path}: cannot read bundle: {exc.strerror or exc}") from None
+    try:
+        return decode(data)
+    except BundleError as exc:
+        raise type(exc)(f"{path}: {exc}") from None
+
+
+def decode(data: bytes) -> Bundle:
+    """Parse and check bundle bytes."""
+    if len(data) < len(MAGIC) or data[: len(MAGIC)] != MAGIC:
+        if MAGIC.startswith(data[: len(MAGIC)]) and len(data) < len(MAGIC):
+            raise BundleTruncatedError(f"truncated: {len(data)} bytes, shorter than the bundle header")
+        raise BadMagicError("not a portkern bundle (wrong magic bytes)")
+    if len(data) < HEADER_SIZE:
+        raise BundleTruncatedError(f"truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    _, major, minor, length, digest = _HEADER.unpack_from(data)
+    if major != FORMAT_MAJOR or minor > FORMAT_MINOR:
+        raise UnsupportedVersionError(
+            f"bundle format version {major}.{minor} is not supported "
+            f"(this portkern reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR})"
+        )
+    payload = memoryview(data)[HEADER_SIZE:]
+    if len(payload) < length:
+        raise BundleTruncatedError(f"truncated: payload has {len(payload)} of {length} bytes")
+    if len(payload) > length:
+        raise MalformedBundleError(f"{len(payload) - length} unexpected bytes after the payload")
+    if hashlib.sha256(payload).digest() != digest:
+        raise DigestMismatchError("bundle digest does not match its content (corrupted or modified)")
+    document = _unpack(payload)
+    meta, blobs = _split(document)
+    _check_meta(meta)
+    _check_blobs(meta, blobs)
+    return Bundle(
+        meta["name"],
+        tuple(KernelRecord.from_dict(k) for k in meta["kernels"]),
+        blobs,
+        digest.hex(),
+        (major, minor),
+    )
+
+
+def _unpack(payload: memoryview) -> Any:
+    try:
+        return msgpack.unpackb(
+            payload,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_bin_len=MAX_BLOB_BYTES,
+            max_str_len=MAX_STRING_BYTES,
+            max_array_len=MAX_ARRAY_ITEMS,
+            max_map_len=MAX_MAP_ITEMS,
+            max_ext_len=0,
+        )
+    except ValueError as exc:
+        if "exceeds max" in str(exc):
+            raise OversizeFieldError(f"a field is larger than the reader allows ({exc})") from None
+        raise MalformedBundleError(f"payload is not valid msgpack ({exc})") from None
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise MalformedBundleError(f"payload is not valid msgpack ({type(exc).__name__}: {exc})") from None
+
+
+def _split(document: Any) -> tuple[dict, dict[str, bytes]]:
+    if not isinstance(document, dict) or set(document) != {"meta", "blobs"}:
+        raise MalformedBundleError("payload must be a map with exactly the keys 'meta' and 'blobs'")
+    meta, blobs = document["meta"], document["blobs"]
+    if not isinstance(blobs, dict) or not all(isinstance(v, bytes) for v in blobs.values()):
+        raise MalformedBundleError("'blobs' must map sha256 names to bytes")
+    return meta, blobs
+
+
+def _check_meta(meta: Any) -> None:
+    errors = sorted(validator("bundle").iter_errors(meta), key=lambda e: list(e.absolute_path))
+    if errors:
+        error = errors[0]
+        where = "/".join(map(str, error.absolute_path)) or "meta"
+        raise MalformedBundleError(f"metadata does not match the bundle schema at {where}: {error.message[:300]}")
+    names = [k["name"] for k in meta["kernels"]]
+    if len(names) != len(set(names)):
+        raise MalformedBundleError("two kernels share a name")
+
+
+def _check_blobs(meta: dict, blobs: dict[str, bytes]) -> None:
+    referenced: dict[str, int] = {}
+    for kernel in meta["kernels"]:
+        for item in list(kernel["stages"]) + list(kernel.get("native", ())):
+            referenced[item["blob"]] = item["size"]
+    missing = sorted(set(referenced) - set(blobs))
+    if missing:
+        raise MalformedBundleError(f"metadata refers to missing blob {missing[0][:16]}...")
+    unused = sorted(set(blobs) - set(referenced))
+    if unused:
+        raise MalformedBundleError(f"blob {unused[0][:16]}... is not referenced by any kernel")
+    for sha, blob in blobs.items():
+        if len(blob) != referenced[sha]:
+            raise MalformedBundleError(f"blob {sha[:16]}... has {len(blob)} bytes, metadata says {referenced[sha]}")
+        if hashlib.sha256(blob).hexdigest() != sha:
+            raise DigestMismatchError(f"blob {sha[:16]}... does not hash to its name")

@@ -1,0 +1,155 @@
+"""MLIR and ONNX kernels: from source to a device-independent IREE stage."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from portkern.errors import BuildError, CompileError
+from portkern.portable.bundle import Signature, TensorSpec
+from portkern.portable.compiler import Compiler, bytecode, bytecode_version
+from portkern.portable.manifest import KernelSpec
+from portkern.portable.producer import Producer, current_producer
+
+#: The phase stored as the device-independent stage.
+PORTABLE_PHASE = "flow"
+
+ONNX_OPSET = 17
+ONNX_IMPORT_TIMEOUT_S = 600
+
+_DTYPES = {
+    "f16": "float16",
+    "f32": "float32",
+    "f64": "float64",
+    "i1": "bool",
+    "i8": "int8",
+    "i16": "int16",
+    "i32": "int32",
+    "i64": "int64",
+    "si8": "int8",
+    "si16": "int16",
+    "si32": "int32",
+    "si64": "int64",
+    "ui8": "uint8",
+    "ui16": "uint16",
+    "ui32": "uint32",
+    "ui64": "uint64",
+}
+_TORCH_TENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(\w+)>$")
+
+
+@dataclass(frozen=True)
+class Lowered:
+    """A kernel lowered to its portable stage."""
+
+    entry: str
+    signature: Signature
+    stage_bytes: bytes
+    producer: Producer
+
+
+def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
+    """Lower an `mlir` or `onnx` kernel to the portable (flow) stage."""
+    if spec.kind == "onnx":
+        text = import_onnx(spec.source)
+    else:
+        text = spec.source.read_bytes()
+    try:
+        module = compiler.parse(text, name=spec.name)
+        entry, signature = find_entry(module, spec)
+        lowered = compiler.lower(module, from_phase="start", to_phase=PORTABLE_PHASE, name=spec.name)
+    except CompileError as exc:
+        raise BuildError(f"{spec.source}: {str(exc).replace(chr(34) + '-' + chr(34), spec.source.name)}") from None
+    data = bytecode(lowered)
+    return Lowered(entry, signature, data, current_producer(bytecode_version(data)))
+
+
+def import_onnx(path: Path) -> bytes:
+    """MLIR text for an ONNX model, from IREE's ONNX importer (run as its own process).
+
+    Models older than opset 17 are upgraded first; when the upgrade itself fails
+    (it does for some Pad models), the model is imported as it is.
+    """
+    errors = []
+    for opset in ([f"--opset-version={ONNX_OPSET}"], []):
+        with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
+            out = Path(tmp) / "model.mlir"
+            cmd = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(path), *opset, "-o", str(out)]
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True, timeout=ONNX_IMPORT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                raise BuildError(f"{path}: ONNX import took longer than {ONNX_IMPORT_TIMEOUT_S} s") from None
+            if done.returncode == 0:
+                return out.read_bytes()
+            errors.append(_last_line(done.stderr))
+    if any("No module named 'onnx'" in e for e in errors):
+        raise BuildError(f"{path}: ONNX import needs the 'onnx' package (pip install 'portkern[onnx]')")
+    raise BuildError(f"{path}: ONNX import failed: {errors[0]}")
+
+
+def find_entry(module, spec: KernelSpec) -> tuple[str, Signature]:
+    """The entry function's name and signature in a source module."""
+    public = {}
+    for op in module.body.operations:
+        op = op.operation
+        if op.name not in ("func.func", "util.func"):
+            continue
+        if "sym_visibility" in op.attributes and str(op.attributes["sym_visibility"]).strip('"') != "public":
+            continue
+        public[str(op.attributes["sym_name"]).strip('"')] = op
+    if not public:
+        raise BuildError(f"{spec.source}: no public function to use as entry")
+    if spec.entry is None:
+        if len(public) > 1:
+            raise BuildError(
+                f"{spec.source}: several public functions ({', '.join(sorted(public))}); "
+                f"name one with `entry:` in the manifest"
+            )
+        name = next(iter(public))
+    elif spec.entry in public:
+        name = spec.entry
+    else:
+        raise BuildError(f"{spec.source}: no public function {spec.entry!r} (found: {', '.join(sorted(public))})")
+    return name, _signature(public[name], spec)
+
+
+def _signature(func, spec: KernelSpec) -> Signature:
+    from iree.compiler import ir
+
+    ftype = ir.TypeAttr(func.attributes["function_type"]).value
+    inputs = tuple(_tensor(t, f"argument {i}", spec) for i, t in enumerate(ftype.inputs))
+    results = tuple(_tensor(t, f"result {i}", spec) for i, t in enumerate(ftype.results))
+    return Signature(inputs, results)
+
+
+def _tensor(mlir_type, what: str, spec: KernelSpec) -> TensorSpec:
+    from iree.compiler import ir
+
+    if isinstance(mlir_type, ir.RankedTensorType):
+        tensor = mlir_type
+        shape = tuple(None if tensor.is_dynamic_dim(i) else tensor.get_dim_size(i) for i in range(tensor.rank))
+        return TensorSpec(shape, _dtype(str(tensor.element_type), what, spec))
+    match = _TORCH_TENSOR.match(str(mlir_type))
+    if match:
+        dims = [d.strip() for d in match.group(1).split(",") if d.strip()]
+        shape = tuple(None if d in ("?", "-1") else int(d) for d in dims)
+        return TensorSpec(shape, _dtype(match.group(2), what, spec))
+    raise BuildError(f"{spec.source}: {what} of {spec.name!r} has type {mlir_type}; only ranked tensors are supported")
+
+
+def _dtype(element: str, what: str, spec: KernelSpec) -> str:
+    try:
+        return _DTYPES[element]
+    except KeyError:
+        raise BuildError(
+            f"{spec.source}: {what} of {spec.name!r} has element type {element}, which has no NumPy dtype"
+        ) from None
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:500] if lines else "no message"

@@ -1,0 +1,133 @@
+"""The build manifest: which kernel sources go into a bundle, and how."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from portkern.errors import ManifestError
+from portkern.schemas import validator
+
+#: Source suffix -> kernel kind, for kernels whose manifest entry names no kind.
+KIND_BY_SUFFIX = {".mlir": "mlir", ".mlirbc": "mlir", ".onnx": "onnx", ".cl": "opencl", ".spv": "spirv"}
+
+MAX_MANIFEST_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel as the manifest declares it."""
+
+    name: str
+    source: Path
+    kind: str
+    entry: str | None = None
+    line: int = 0
+    #: Kind-specific fields (e.g. an OpenCL kernel's launch description), as written.
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated manifest; sources are absolute paths that exist."""
+
+    path: Path
+    bundle: str
+    kernels: tuple[KernelSpec, ...]
+    targets: tuple[str, ...] = ("cpu",)
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """Read and validate a manifest file."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{path}: manifest is larger than {MAX_MANIFEST_BYTES} bytes")
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
+    return parse_manifest(text, path)
+
+
+def parse_manifest(text: str, path: Path) -> Manifest:
+    """Validate manifest text; `path` names it in errors and anchors relative sources."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    if root is None:
+        raise ManifestError(f"{path}: manifest is empty")
+    lines: dict[tuple, int] = {}
+    data = _to_python(root, (), lines, path)
+    for error in sorted(validator("manifest").iter_errors(data), key=lambda e: list(e.absolute_path)):
+        where = tuple(error.absolute_path)
+        raise ManifestError(f"{path}:{_line(lines, where)}: {_describe(where, error)}")
+    kernels = tuple(_kernel(entry, index, lines, path) for index, entry in enumerate(data["kernels"]))
+    seen: dict[str, int] = {}
+    for kernel in kernels:
+        if kernel.name in seen:
+            raise ManifestError(
+                f"{path}:{kernel.line}: duplicate kernel name {kernel.name!r} "
+                f"(first declared on line {seen[kernel.name]})"
+            )
+        seen[kernel.name] = kernel.line
+    return Manifest(path, data["bundle"], kernels, tuple(data.get("targets", ("cpu",))))
+
+
+def _kernel(entry: dict, index: int, lines: dict, path: Path) -> KernelSpec:
+    line = _line(lines, ("kernels", index))
+    source = (path.parent / entry["source"]).resolve()
+    kind = entry.get("kind") or KIND_BY_SUFFIX.get(source.suffix)
+    if kind is None:
+        raise ManifestError(
+            f"{path}:{_line(lines, ('kernels', index, 'source'))}: kernels[{index}].source: "
+            f"cannot infer the kind of {entry['source']!r}; add `kind:` "
+            f"(one of {', '.join(sorted(set(KIND_BY_SUFFIX.values())))})"
+        )
+    if not source.is_file():
+        raise ManifestError(
+            f"{path}:{_line(lines, ('kernels', index, 'source'))}: kernels[{index}].source: "
+            f"no such file {entry['source']!r} (looked for {source})"
+        )
+    options = {k: v for k, v in entry.items() if k not in ("name", "source", "kind", "entry")}
+    return KernelSpec(entry["name"], source, kind, entry.get("entry"), line, options)
+
+
+def _to_python(node: yaml.Node, where: tuple, lines: dict, path: Path) -> Any:
+    """Plain data from a YAML node, recording each value's line and refusing duplicate keys."""
+    lines[where] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        result: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise ManifestError(f"{path}:{key_node.start_mark.line + 1}: mapping keys must be plain names")
+            if key in result:
+                raise ManifestError(f"{path}:{key_node.start_mark.line + 1}: duplicate key {key!r}")
+            result[key] = _to_python(value_node, where + (key,), lines, path)
+        return result
+    if isinstance(node, yaml.SequenceNode):
+        return [_to_python(item, where + (i,), lines, path) for i, item in enumerate(node.value)]
+    return yaml.SafeLoader(None).construct_object(node) if node.tag != "tag:yaml.org,2002:str" else node.value
+
+
+def _line(lines: dict, where: tuple) -> int:
+    while where not in lines and where:
+        where = where[:-1]
+    return lines.get(where, 1)
+
+
+def _describe(where: tuple, error) -> str:
+    dotted = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where).lstrip(".") or "manifest"
+    if error.validator == "additionalProperties":
+        unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        allowed = ", ".join(sorted(error.schema.get("properties", {})))
+        return f"{dotted}: unknown key {', '.join(map(repr, unknown))} (allowed: {allowed})"
+    if error.validator == "required":
+        return f"{dotted}: {error.message}"
+    if error.validator == "pattern":
+        return f"{dotted}: {error.instance!r} is not a valid name (letters, digits, _ . -; starting with a letter or _)"
+    return f"{dotted}: {error.message}"

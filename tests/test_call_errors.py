@@ -1,0 +1,56 @@
+"""Bad calls fail before anything runs, with TypeError/ValueError naming the argument."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import portkern
+from portkern.errors import ArgumentShapeError, ArgumentTypeError, KernelNotFoundError
+
+
+@pytest.fixture(scope="module")
+def gemm(examples_bundle):
+    return portkern.load(examples_bundle).kernel("gemm_bias_relu")
+
+
+def args():
+    return [np.zeros((256, 512), np.float32), np.zeros((512, 384), np.float32), np.zeros(384, np.float32)]
+
+
+def test_wrong_argument_count(gemm):
+    with pytest.raises(TypeError, match=r"gemm_bias_relu\(\) takes 3 arguments .* got 2"):
+        gemm(*args()[:2])
+
+
+def test_wrong_dtype_names_the_argument(gemm):
+    a, b, bias = args()
+    with pytest.raises(ArgumentTypeError, match=r"argument 1 must have dtype float32, got float64"):
+        gemm(a, b.astype(np.float64), bias)
+
+
+def test_wrong_shape_names_the_argument(gemm):
+    a, b, bias = args()
+    with pytest.raises(ValueError, match=r"argument 2 must have shape 384, got 385"):
+        gemm(a, b, np.zeros(385, np.float32))
+    with pytest.raises(ArgumentShapeError, match=r"argument 0 must have shape 256x512, got 512x256"):
+        gemm(a.T.copy(), b, bias)
+
+
+def test_not_an_array(gemm):
+    a, b, _ = args()
+    with pytest.raises(TypeError, match=r"argument 2 must be a numpy array of 384xfloat32, got list"):
+        gemm(a, b, [0.0] * 384)
+
+
+def test_non_contiguous_input_is_accepted_and_correct(gemm):
+    a, b, bias = args()
+    a = np.asfortranarray(np.random.default_rng(0).standard_normal((256, 512)).astype(np.float32))
+    b = np.eye(512, 384, dtype=np.float32)
+    out = gemm(a, b, bias)
+    np.testing.assert_allclose(out, np.maximum(a[:, :384], 0), rtol=1e-6, atol=1e-6)
+
+
+def test_unknown_kernel(examples_bundle):
+    with pytest.raises(KernelNotFoundError, match="has no kernel 'nope'"):
+        portkern.load(examples_bundle).kernel("nope")

@@ -1,0 +1,1 @@
+"""Perf-config spaces, search strategies and the benchmark harness that picks a winner per device."""
