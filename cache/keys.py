@@ -66,6 +66,12 @@ def artifact_key(
     return ArtifactKey(kernel, device, compiler, config, tuple(flags))
 
 
+def problem_key(description: str, runtime: str) -> str:
+    """The problem key of a dispatch: what it computes (op kinds, indexing maps, shapes,
+    dtypes) and how it is run (runtime driver and thread count change the best tiles)."""
+    return f"{runtime} | {description}"
+
+
 def tuning_key(problem: str, device: DeviceFingerprint, compiler: str) -> str:
     """Key of the best perf config found for a problem on a device."""
     return _hash({"problem": problem, "device": device.digest(), "compiler": compiler})

@@ -144,6 +144,13 @@ class LoadedBundle:
             self.store.put(key, data, self._entry(record, target, native))
             return native
 
+    def put_native(self, record: KernelRecord, target: Target, config: str, data: bytes, finalize_s: float = 0.0) -> Native:
+        """Cache native code built elsewhere (the tuner's winning candidate) for `config`."""
+        key = self.key(record, target, config).hex
+        native = Native(data, key, config, "finalized", finalize_s)
+        self.store.put(key, data, self._entry(record, target, native))
+        return native
+
     def _prebuilt(self, record: KernelRecord, target: Target) -> bytes | None:
         for artifact in record.native:
             if DeviceFingerprint.from_dict(artifact.device) == target.fingerprint:

@@ -41,11 +41,21 @@ class Executable:
         self.entry = entry
         self.driver = driver
 
-    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+    def upload(self, arrays: list[np.ndarray]) -> list:
+        """The arrays copied to this executable's device once, for repeated calls (benchmarks)."""
+        import iree.runtime as rt
+
+        return [rt.asdevicearray(self._context.config.device, a) for a in arrays]
+
+    def invoke(self, *arrays):
+        """Run on device arrays (from `upload`) or NumPy arrays; results stay on the device."""
         try:
-            results = self._function(*arrays)
+            return self._function(*arrays)
         except (RuntimeError, ValueError) as exc:
             raise KernelRuntimeError(f"{self.entry}: {exc}") from None
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        results = self.invoke(*arrays)
         if results is None:
             return []
         if not isinstance(results, (tuple, list)):

@@ -1,0 +1,280 @@
+"""The CPU search space of one dispatch, generated from the dispatch itself.
+
+Candidates come from the root op's loop ranges, loop kinds and element size
+and from the target's vector width; rules measured on IREE 3.13 (AVX-512,
+f32) keep out candidates that cannot compile or cannot be better:
+
+- P1: a vector op of `native_vector_size x 512` bytes or more fails to compile
+  (LLVMCPUVerifyVectorSizeLegality); a 0 tile means the enclosing tile.
+- P2: vector tiles of parallel levels are 0 on reduction loops and vice versa
+  (a parallel vector tile on a reduction loop compiles to wrong results).
+- P3: a vector tile larger than its distribution tile is clamped to it, a
+  duplicate of a smaller candidate.
+- P4: on contractions, the lane loop's vector tile is a multiple of the lanes
+  and the accumulator tile takes 1/4 to all of the vector registers; other
+  vector tiles stay at most 16; distribution tiles divide their loop, are
+  multiples of its vector tile and leave at least two workgroups per thread.
+
+Search runs in two stages: vector and reduction tiles at the default
+distribution (ranked single-threaded, where they decide the speed), then
+distribution tiles for the best of those (ranked on the deployed driver).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from portkern.tuner.cpu_config import CpuConfig
+from portkern.tuner.dispatch import Dispatch
+from portkern.tuner.space import Stage
+
+VECTOR_LIMIT_NATIVE_VECTORS = 512
+SMALL_TILES = (1, 2, 4, 8, 16)
+REDUCTION_TILES = (1, 4, 8, 16, 32)
+LANE_MULTIPLES = (1, 2, 4)
+MIN_WORKGROUPS_PER_THREAD = 2
+#: Distribution tiles cover between 2^11 and 2^15 output points, aspect ratio at most 8.
+MIN_TILE_POINTS, MAX_TILE_POINTS, MAX_ASPECT = 1 << 11, 1 << 15, 8
+#: Known-good vector shapes for `quick`, as (rows, lane vectors), and reduction tiles.
+QUICK_SHAPES = ((8, 2), (4, 4), (16, 1), (16, 2), (8, 4))
+QUICK_REDUCTION = (1, 4)
+QUICK_DISTRIBUTIONS = 4
+L2_BYTES = 1 << 20
+REREAD_WEIGHT = 10
+
+STAGES = (Stage("vector", "single"), Stage("distribution", "deployed"))
+
+
+@dataclass(frozen=True)
+class CpuSpace:
+    """Valid CPU configs of one dispatch; `default` is the compiler's own."""
+
+    dispatch: Dispatch
+    threads: int
+
+    stages = STAGES
+
+    @property
+    def default(self) -> CpuConfig:
+        return self.dispatch.default  # type: ignore[return-value]
+
+    @property
+    def lanes(self) -> int:
+        return max(1, (self.dispatch.native_vector_bytes or 16) // self.dispatch.element_bytes)
+
+    @property
+    def registers(self) -> int:
+        return 32 if self.dispatch.native_vector_bytes >= 64 else 16
+
+    @property
+    def contraction(self) -> bool:
+        """A root with reduction loops and at least two vectorised parallel loops (a GEMM)."""
+        d = self.dispatch
+        vectorised = [i for i, p in enumerate(d.parallel) if p and self.default.vector_parallel[i]]
+        return not all(d.parallel) and len(vectorised) >= 2
+
+    def _lane_dims(self) -> list[int]:
+        """Loops vectorised across lanes: parallel loops whose default vector tile is a lane multiple,
+        else (reductions such as row sums) reduction loops whose default tile is."""
+        d, default = self.dispatch, self.default
+        parallel = [i for i, p in enumerate(d.parallel) if p and default.vector_parallel[i] % self.lanes == 0 and default.vector_parallel[i]]
+        if parallel:
+            return parallel[-1:]
+        return [i for i, p in enumerate(d.parallel) if not p and default.vector_reduction[i] and default.vector_reduction[i] % self.lanes == 0][-1:]
+
+    def _tile_choices(self, dim: int) -> list[int]:
+        d, default = self.dispatch, self.default
+        current = default.vector_parallel[dim] if d.parallel[dim] else default.vector_reduction[dim]
+        if not current:
+            return [0]
+        if dim in self._lane_dims():
+            values = [self.lanes * k for k in LANE_MULTIPLES]
+        elif d.parallel[dim]:
+            values = list(SMALL_TILES)
+        else:
+            values = list(REDUCTION_TILES)
+        return sorted({min(v, d.sizes[dim]) for v in values + [current]})
+
+    # --- validity ---------------------------------------------------------
+
+    def prune_reason(self, config: CpuConfig) -> str | None:
+        """Why a config is left out (rules P1-P4), None when it is a candidate."""
+        d = self.dispatch
+        if config.rank != len(d.sizes):
+            return "wrong rank"
+        for i, parallel in enumerate(d.parallel):
+            if parallel and config.vector_reduction[i] or not parallel and (config.vector_parallel[i] or config.distribution[i]):
+                return "P2: tile on a loop of the other kind"
+            if parallel and config.distribution[i] and config.vector_parallel[i] > config.distribution[i]:
+                return "P3: vector tile larger than its distribution tile"
+        effective = [
+            (config.vector_parallel[i] or config.distribution[i] or size) if parallel else (config.vector_reduction[i] or size)
+            for i, (size, parallel) in enumerate(zip(d.sizes, d.parallel))
+        ]
+        limit = (d.native_vector_bytes or 16) * VECTOR_LIMIT_NATIVE_VECTORS
+        if math.prod(effective) * d.element_bytes >= limit:
+            return f"P1: vector of {math.prod(effective) * d.element_bytes} bytes >= {limit}"
+        if self.contraction:
+            lane = self._lane_dims()
+            vectors = [config.vector_parallel[i] for i, p in enumerate(d.parallel) if p and config.vector_parallel[i]]
+            if any(config.vector_parallel[i] % self.lanes for i in lane if config.vector_parallel[i] < d.sizes[i]):
+                return "P4: lane tile is not a multiple of the vector lanes"
+            accumulators = math.prod(vectors) / self.lanes
+            if not self.registers / 4 <= accumulators <= self.registers:
+                return f"P4: {accumulators:g} accumulator registers of {self.registers}"
+            if any(config.vector_parallel[i] > max(SMALL_TILES) for i in range(len(d.sizes)) if d.parallel[i] and i not in lane):
+                return "P4: row tile above 16"
+        return self._distribution_reason(config)
+
+    def _distribution_reason(self, config: CpuConfig) -> str | None:
+        d = self.dispatch
+        if config.distribution == self.default.distribution:
+            return None
+        for i, tile in enumerate(config.distribution):
+            vector = config.vector_parallel[i] or 1
+            if tile and (d.sizes[i] % tile or tile % vector):
+                return "P4: distribution tile does not divide its loop or its vector tile does not divide it"
+        if self.workgroups(config) < min(MIN_WORKGROUPS_PER_THREAD * self.threads, self._max_workgroups(config)):
+            return "P4: too few workgroups for the threads"
+        return None
+
+    def workgroups(self, config: CpuConfig) -> int:
+        return math.prod(math.ceil(s / t) for s, t in zip(self.dispatch.sizes, config.distribution) if t)
+
+    def _max_workgroups(self, config: CpuConfig) -> int:
+        return math.prod(s // (v or 1) for s, t, v in zip(self.dispatch.sizes, config.distribution, config.vector_parallel) if t)
+
+    # --- candidates -------------------------------------------------------
+
+    def _vector_configs(self, distribution: tuple[int, ...]) -> list[CpuConfig]:
+        d = self.dispatch
+        choices = [self._tile_choices(i) for i in range(len(d.sizes))]
+        configs = []
+        for tiles in _product(choices):
+            vector = tuple(t if p else 0 for t, p in zip(tiles, d.parallel))
+            reduction = tuple(0 if p else t for t, p in zip(tiles, d.parallel))
+            configs.append(CpuConfig(distribution, vector, reduction))
+        return self._valid(configs)
+
+    def _valid(self, configs: Sequence[CpuConfig]) -> list[CpuConfig]:
+        seen, kept = {self.default}, []
+        for config in configs:
+            if config not in seen and self.prune_reason(config) is None:
+                seen.add(config)
+                kept.append(config)
+        return kept
+
+    def distributions(self, base: CpuConfig) -> list[CpuConfig]:
+        """Every valid distribution for the vector and reduction tiles of `base`."""
+        d = self.dispatch
+        choices = []
+        for i, size in enumerate(d.sizes):
+            if not self.default.distribution[i]:
+                choices.append([0])
+                continue
+            step = base.vector_parallel[i] or 1
+            choices.append([t for t in range(step, size + 1, step) if size % t == 0])
+        configs = []
+        for tiles in _product(choices):
+            points = math.prod(t for t in tiles if t)
+            nonzero = [t for t in tiles if t]
+            if not MIN_TILE_POINTS <= points <= MAX_TILE_POINTS and tuple(tiles) != self.default.distribution:
+                continue
+            if len(nonzero) > 1 and max(nonzero) > MAX_ASPECT * min(nonzero):
+                continue
+            configs.append(CpuConfig(tuple(tiles), base.vector_parallel, base.vector_reduction))
+        return self._valid(configs)
+
+    def stage_candidates(self, stage: int, bases: Sequence[CpuConfig]) -> list[CpuConfig]:
+        """Every valid candidate of a stage (stage 1 varies the distribution of `bases`)."""
+        if stage == 0:
+            return self._vector_configs(self.default.distribution)
+        return _unique(c for base in bases for c in self.distributions(base))
+
+    def quick_candidates(self, stage: int, bases: Sequence[CpuConfig]) -> list[CpuConfig]:
+        """A short list of known-good candidates of a stage."""
+        if stage == 1:
+            return _unique(c for base in bases for c in sorted(self.distributions(base), key=self.score)[:QUICK_DISTRIBUTIONS])
+        every = self.stage_candidates(0, ())
+        if not self.contraction:
+            return sorted(every, key=self._distance)[: len(QUICK_SHAPES)]
+        lane = self._lane_dims()[0]
+        wanted = []
+        for rows, vectors in QUICK_SHAPES:
+            for k in QUICK_REDUCTION:
+                wanted += [c for c in every if self._shape(c, lane) == (rows, vectors * self.lanes, k)]
+        return _unique(wanted)
+
+    def _shape(self, config: CpuConfig, lane: int) -> tuple[int, int, int]:
+        rows = [v for i, v in enumerate(config.vector_parallel) if v and i != lane]
+        reduction = [v for v in config.vector_reduction if v]
+        return (rows[-1] if rows else 1, config.vector_parallel[lane], reduction[-1] if reduction else 0)
+
+    def joint(self) -> list[CpuConfig]:
+        """Every valid candidate, vector and distribution tiles varied together."""
+        return _unique(c for base in [self.default, *self.stage_candidates(0, ())] for c in [base, *self.distributions(base)] if c != self.default)
+
+    def neighbors(self, config: CpuConfig, pool: Sequence[CpuConfig]) -> list[CpuConfig]:
+        """Candidates of `pool` that differ from `config` in one tile, by one step."""
+        def steps(a: CpuConfig, b: CpuConfig) -> int:
+            changed = 0
+            for x, y in zip((*a.distribution, *a.vector_parallel, *a.vector_reduction), (*b.distribution, *b.vector_parallel, *b.vector_reduction)):
+                if x != y:
+                    changed += 1 if x and y and max(x, y) <= 2 * min(x, y) else 2
+            return changed
+
+        return [c for c in pool if c != config and steps(c, config) == 1]
+
+    # --- cost model -------------------------------------------------------
+
+    def score(self, config: CpuConfig) -> float:
+        """Estimated relative time (lower is better): register-tile efficiency times load balance."""
+        return self._vector_cost(config) * self._parallel_cost(config)
+
+    def _vector_cost(self, config: CpuConfig) -> float:
+        if not self.contraction:
+            return 1.0 + 0.1 * self._distance(config)
+        lane = self._lane_dims()[0]
+        rows, width, k = self._shape(config, lane)
+        vectors = math.ceil(width / self.lanes)
+        accumulators = rows * vectors
+        loads = rows + vectors
+        cost = (accumulators + loads) / accumulators
+        needed = accumulators + vectors + 1
+        if needed > self.registers:
+            cost *= 1 + (needed - self.registers) / self.registers
+        return cost * (1.0 if k <= 8 else 1.03 if k <= 16 else 1.08)
+
+    def _parallel_cost(self, config: CpuConfig) -> float:
+        """Load balance over the threads, operand re-reads (smaller tiles re-read more) and
+        too few workgroups to even out a busy core."""
+        d = self.dispatch
+        groups = self.workgroups(config)
+        balance = groups / (math.ceil(groups / self.threads) * self.threads)
+        tiles = [t for t in config.distribution if t]
+        reuse = 1 + REREAD_WEIGHT * sum(1 / t for t in tiles)
+        reduction = math.prod(s for s, p in zip(d.sizes, d.parallel) if not p)
+        footprint = (sum(tiles) * reduction + math.prod(tiles)) * d.element_bytes
+        return reuse * (1 + 0.25 * self.threads / groups) * (1.2 if footprint > L2_BYTES else 1.0) / balance
+
+    def _distance(self, config: CpuConfig) -> float:
+        """How far a config's tiles are from the default's, in powers of two."""
+        total = 0.0
+        for new, old in zip((*config.vector_parallel, *config.vector_reduction, *config.distribution),
+                            (*self.default.vector_parallel, *self.default.vector_reduction, *self.default.distribution)):
+            if new and old:
+                total += abs(math.log2(new / old))
+        return total
+
+
+def _product(choices: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:
+    import itertools
+
+    return list(itertools.product(*choices))
+
+
+def _unique(configs) -> list:
+    return list(dict.fromkeys(configs))
+

@@ -1,0 +1,129 @@
+"""Evaluating kernel configs: compile in the pool, check against the default, time.
+
+Every candidate's outputs are compared with the default config's outputs on
+the same inputs before its time counts; a candidate whose code is
+byte-identical to an earlier one's is a duplicate and is not timed again.
+Benchmarks run in this process after each compile batch, never while our own
+compile workers hold the cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Sequence
+
+from portkern.errors import KernelRuntimeError, TuningError
+from portkern.portable.bundle import Signature
+from portkern.tuner.kernel_config import DEFAULT
+from portkern.tuner.measure import Bench, Timing, make_inputs, mismatch
+from portkern.tuner.pool import CompilePool, Job, Source
+from portkern.tuner.results import Evaluation
+
+
+class Evaluator:
+    """Compiles, checks and times kernel configs of one kernel on one target."""
+
+    def __init__(self, pool: CompilePool, source: Source, entry: str, signature: Signature, deployed: str, seed: int = 0) -> None:
+        self.pool = pool
+        self.source = source
+        self.entry = entry
+        self.deployed = deployed
+        self.inputs = make_inputs(signature, seed)
+        self.vmfbs: dict[str, bytes] = {}
+        self.results: dict[str, Evaluation] = {}
+        self._benches: dict[str, Bench] = {}
+        self._loaded: dict[tuple[str, str], object] = {}
+        self._by_sha: dict[str, str] = {}
+        self._reference: list | None = None
+        self._next_job = 0
+
+    # --- compiling ------------------------------------------------------------
+
+    def compile(self, configs: Sequence[str]) -> None:
+        """Compile the configs not compiled yet (in parallel); failures are recorded."""
+        jobs = []
+        for config in dict.fromkeys(configs):
+            if config not in self.results:
+                jobs.append(Job(self._next_job, self.source, config))
+                self._next_job += 1
+        if not jobs:
+            return
+        for job in jobs:
+            self.results[job.config] = Evaluation(config=job.config, status="pending")
+        by_id = {job.id: job.config for job in jobs}
+        for job_id, compiled in self.pool.run(jobs).items():
+            evaluation = self.results[by_id[job_id]]
+            evaluation.setup_s, evaluation.stamp_s, evaluation.compile_s = compiled.setup_s, compiled.stamp_s, compiled.compile_s
+            if not compiled.ok:
+                evaluation.status, evaluation.error = compiled.status, compiled.error
+                continue
+            evaluation.sha256 = hashlib.sha256(compiled.vmfb).hexdigest()
+            owner = self._by_sha.setdefault(evaluation.sha256, evaluation.config)
+            if owner != evaluation.config:
+                evaluation.status, evaluation.duplicate_of = "duplicate", owner
+            else:
+                self.vmfbs[evaluation.config] = compiled.vmfb
+                evaluation.status = "compiled"
+
+    # --- checking and timing ---------------------------------------------------
+
+    def bench(self, driver: str) -> Bench:
+        if driver not in self._benches:
+            self._benches[driver] = Bench(self.entry, driver, self.inputs)
+        return self._benches[driver]
+
+    def _executable(self, config: str, driver: str):
+        key = (config, driver)
+        if key not in self._loaded:
+            self._loaded[key] = self.bench(driver).load(self.vmfbs[config])
+        return self._loaded[key]
+
+    def reference(self) -> list:
+        """The default config's outputs on the deployed driver."""
+        if self._reference is None:
+            self.compile([DEFAULT])
+            default = self.results[DEFAULT]
+            if default.status not in ("compiled", "ok"):
+                raise TuningError(f"{self.source.name}: the default config does not compile: {default.error}")
+            self._reference = self.bench(self.deployed).outputs(self._executable(DEFAULT, self.deployed))
+            default.status = "ok"
+        return self._reference
+
+    def evaluate(self, configs: Sequence[str], driver: str) -> list[Evaluation]:
+        """Compile, check and time configs on a driver; each evaluation in the order given."""
+        reference = self.reference()
+        self.compile(configs)
+        evaluations = []
+        for config in configs:
+            evaluation = self.results[config]
+            if evaluation.status in ("compiled", "ok") and driver not in evaluation.timings:
+                start = time.perf_counter()
+                self._check_and_time(evaluation, driver, reference)
+                evaluation.bench_s += time.perf_counter() - start
+            evaluations.append(evaluation)
+        return evaluations
+
+    def _check_and_time(self, evaluation: Evaluation, driver: str, reference: list) -> None:
+        try:
+            executable = self._executable(evaluation.config, driver)
+            if evaluation.status == "compiled":
+                problem = mismatch(self.bench(driver).outputs(executable), reference)
+                if problem is not None:
+                    evaluation.status, evaluation.error = "wrong", problem
+                    return
+                evaluation.status = "ok"
+            evaluation.timings[driver] = self.bench(driver).time(executable)
+        except KernelRuntimeError as exc:
+            evaluation.status, evaluation.error = "unloadable", str(exc)[:200]
+
+    def interleaved(self, configs: Sequence[str], driver: str) -> dict[str, Timing]:
+        """Checked configs re-timed round-robin on a driver (the finalists' comparison)."""
+        self.evaluate(configs, driver)
+        usable = [c for c in dict.fromkeys(configs) if self.results[c].ok]
+        timings = self.bench(driver).interleaved([self._executable(c, driver) for c in usable])
+        return dict(zip(usable, timings))
+
+    def release(self) -> None:
+        """Drop loaded executables (their runtime contexts hold memory)."""
+        self._loaded.clear()

@@ -1,0 +1,78 @@
+"""A kernel's config: one perf config per tuned dispatch, as one string.
+
+`"default"` is the compiler's own choice everywhere; otherwise the string is
+`<dispatch>=<perf config>` entries joined by `;`, ordered by dispatch index,
+e.g. `0=cpu:v1:64x64x0,8x32x0,0x0x4;1=cpu:v1:32x0,8x0,0x32`. A dispatch not
+listed keeps the compiler's default. This string is part of native-code cache
+keys and of the per-kernel selection the loader reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping
+
+from portkern.errors import PerfConfigError
+from portkern.tuner import perfconfig
+from portkern.tuner.perfconfig import PerfConfig
+
+DEFAULT = "default"
+#: Most dispatches a kernel config may name.
+MAX_DISPATCHES = 256
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Perf configs by dispatch index; dispatches not present keep the default."""
+
+    dispatches: tuple[tuple[int, PerfConfig], ...] = field(default_factory=tuple)
+
+    @classmethod
+    def of(cls, configs: Mapping[int, PerfConfig]) -> "KernelConfig":
+        return cls(tuple(sorted(configs.items())))
+
+    @property
+    def is_default(self) -> bool:
+        return not self.dispatches
+
+    def get(self, index: int) -> PerfConfig | None:
+        return dict(self.dispatches).get(index)
+
+    def with_dispatch(self, index: int, config: PerfConfig | None) -> "KernelConfig":
+        """This config with one dispatch replaced (None: back to its default)."""
+        configs = dict(self.dispatches)
+        configs.pop(index, None)
+        if config is not None:
+            configs[index] = config
+        return KernelConfig.of(configs)
+
+    def __iter__(self) -> Iterator[tuple[int, PerfConfig]]:
+        return iter(self.dispatches)
+
+    def __str__(self) -> str:
+        if not self.dispatches:
+            return DEFAULT
+        return ";".join(f"{index}={perfconfig.to_string(config)}" for index, config in self.dispatches)
+
+
+def parse(text: str) -> KernelConfig:
+    """The kernel config a string names ("default" or `i=<perf config>;...`)."""
+    if not isinstance(text, str) or len(text) > perfconfig.MAX_CONFIG_CHARS * 4:
+        raise PerfConfigError("a kernel config must be a string of reasonable length")
+    if text == DEFAULT:
+        return KernelConfig()
+    configs: dict[int, PerfConfig] = {}
+    entries = text.split(";")
+    if len(entries) > MAX_DISPATCHES:
+        raise PerfConfigError(f"kernel config names more than {MAX_DISPATCHES} dispatches")
+    for entry in entries:
+        index, sep, body = entry.partition("=")
+        if not sep or not index.isdigit() or (len(index) > 1 and index[0] == "0") or int(index) >= MAX_DISPATCHES:
+            raise PerfConfigError(f"kernel config entry {entry!r} is not <dispatch index>=<perf config>")
+        if int(index) in configs:
+            raise PerfConfigError(f"kernel config {text!r} names dispatch {index} twice")
+        configs[int(index)] = perfconfig.parse(body)
+    config = KernelConfig.of(configs)
+    if str(config) != text:
+        raise PerfConfigError(f"kernel config {text!r} is not in canonical form (dispatches in increasing order): {config}")
+    return config

@@ -1,0 +1,134 @@
+"""What a tuning run reports: per candidate, per dispatch and per kernel."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from portkern.tuner.measure import Timing
+
+#: Candidate outcomes that count as failures (the candidate never produced a usable kernel).
+FAILED = ("error", "crash", "timeout", "unloadable")
+
+
+@dataclass(kw_only=True)
+class Compiled:
+    """How far a candidate got, and what its compilation cost."""
+
+    #: "ok", or what went wrong: "error" (the compiler rejected it), "crash", "timeout", ...
+    status: str = "ok"
+    error: str = ""
+    #: Parse + configure of the kernel, paid by the first job of a kernel on a worker.
+    setup_s: float = 0.0
+    #: Clone + stamp, and compile, inside the worker.
+    stamp_s: float = 0.0
+    compile_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(kw_only=True)
+class Evaluation(Compiled):
+    """One candidate kernel config: compiled, checked against the default, timed.
+
+    Beyond the compile outcomes, `status` may be "wrong" (outputs differ from the
+    default's), "duplicate" (the same code as an earlier candidate) or "unloadable".
+    """
+
+    config: str
+    #: Timings by runtime driver.
+    timings: dict[str, Timing] = field(default_factory=dict)
+    sha256: str = ""
+    duplicate_of: str = ""
+    bench_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["timings"] = {k: t.to_dict() for k, t in self.timings.items()}
+        return data
+
+
+@dataclass
+class DispatchResult:
+    """The config chosen for one dispatch, and how it was found."""
+
+    index: int
+    name: str
+    problem: str
+    #: The dispatch's perf config string, or "default".
+    config: str = "default"
+    #: "search", "db" (a stored result for the same problem), or "skipped".
+    source: str = "skipped"
+    strategy: str = ""
+    #: Kernel time with this dispatch at its default and at the chosen config
+    #: (best of interleaved rounds on the deployed driver).
+    default_s: float | None = None
+    best_s: float | None = None
+    evaluated: int = 0
+    failed: int = 0
+    wrong: int = 0
+    duplicates: int = 0
+    #: Why the dispatch was not searched, or notes on the outcome.
+    note: str = ""
+    #: Search wall time for this dispatch.
+    wall_s: float = 0.0
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default_s and self.best_s:
+            return self.default_s / self.best_s
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "speedup": self.speedup}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "DispatchResult":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class TuneResult:
+    """The config chosen for one kernel on one device."""
+
+    kernel: str
+    device: str
+    strategy: str
+    #: The kernel config string the loader uses ("default" when nothing beat the compiler).
+    config: str = "default"
+    #: "search" (tuned now), "db" (composed from stored per-dispatch results),
+    #: "selection" (this kernel's stored choice), or "default" (nothing to tune).
+    source: str = "search"
+    dispatches: list[DispatchResult] = field(default_factory=list)
+    #: Whole-kernel time at the compiler's default and at `config` (deployed driver).
+    default_s: float | None = None
+    best_s: float | None = None
+    wall_s: float = 0.0
+    #: Every candidate evaluated in this run (not stored).
+    evaluations: list[Evaluation] = field(default_factory=list)
+
+    @property
+    def speedup(self) -> float | None:
+        if self.default_s and self.best_s:
+            return self.default_s / self.best_s
+        return None
+
+    def to_dict(self, evaluations: bool = False) -> dict[str, Any]:
+        data = {
+            "kernel": self.kernel,
+            "device": self.device,
+            "strategy": self.strategy,
+            "config": self.config,
+            "source": self.source,
+            "default_s": self.default_s,
+            "best_s": self.best_s,
+            "speedup": self.speedup,
+            "wall_s": self.wall_s,
+            "dispatches": [d.to_dict() for d in self.dispatches],
+        }
+        if evaluations:
+            data["evaluations"] = [e.to_dict() for e in self.evaluations]
+        return data

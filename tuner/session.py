@@ -1,0 +1,253 @@
+"""Tuning a kernel on a target: the loader's entry points and the `Tuner` that runs searches.
+
+`tune_kernel` answers from the tuning DB when it can (this kernel's stored
+selection, else stored results for each of its dispatches' problems) and
+searches otherwise: for each dispatch the strategy picks, in turn, with the
+dispatches before it fixed at their winners. A dispatch's winner must beat
+its default by `MIN_GAIN` when the finalists are re-timed side by side on the
+deployed driver, else the default stays. The kernel config chosen is checked
+once more as a whole against the default's outputs, stored as the kernel's
+selection, and its native code is put in the cache for the loader.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+import time
+from typing import Callable
+
+from portkern.errors import PerfConfigError
+from portkern.jit import finalize
+from portkern.jit.target import Target
+from portkern.portable.bundle import Bundle, KernelRecord
+from portkern.tuner import dispatch as dispatches_of
+from portkern.tuner import kernel_config, perfconfig, strategies
+from portkern.tuner.db import TuningDB, result_from_selection, satisfies
+from portkern.tuner.dispatch import Dispatch
+from portkern.tuner.evaluate import Evaluator
+from portkern.tuner.kernel_config import DEFAULT, KernelConfig
+from portkern.tuner.pool import DEFAULT_TIMEOUT_S, CompilePool, Source, cores
+from portkern.tuner.results import DispatchResult, TuneResult
+from portkern.tuner.search import Budget, Progress, Search
+from portkern.tuner.space import space_for
+
+#: A winner must be this much faster than the default (relative), beyond timing noise.
+MIN_GAIN = 0.03
+#: Best candidates per ranking driver that are re-timed side by side with the default.
+FINALISTS = 3
+
+
+class Tuner:
+    """Runs tuning searches; owns one compile pool per compiler flag set."""
+
+    def __init__(self, workers: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.workers = workers
+        self.timeout_s = timeout_s
+        self._pools: dict[tuple[str, ...], CompilePool] = {}
+
+    def __enter__(self) -> "Tuner":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for pool in self._pools.values():
+            pool.close()
+        self._pools.clear()
+
+    def pool(self, target: Target) -> CompilePool:
+        if target.flags not in self._pools:
+            self._pools[target.flags] = CompilePool(target.flags, self.workers, self.timeout_s)
+        return self._pools[target.flags]
+
+    def tune(
+        self,
+        loaded,
+        record: KernelRecord,
+        target: Target,
+        strategy: str = "quick",
+        *,
+        budget: int | None = None,
+        time_limit: float | None = None,
+        retune: bool = False,
+        progress: Callable[[Progress], None] | None = None,
+    ) -> TuneResult:
+        """The best config of a kernel on a target: stored, or searched now and stored."""
+        from portkern.jit.loader import compiler_id, selection_key
+
+        module = strategies.get(strategy)
+        Budget(budget, time_limit)  # validates
+        start = time.perf_counter()
+        if module.LEVEL == 0:
+            return TuneResult(record.name, target.label, strategy, DEFAULT, "default")
+        db = TuningDB(loaded.store, compiler_id(record))
+        key = selection_key(record, target)
+        stored = None if retune else db.selection(key)
+        if satisfies(stored, strategy) and _valid(stored["config"]):
+            return result_from_selection(stored, record.name, target.label)
+        with loaded.store.lock(key):
+            stored = None if retune else db.selection(key)
+            if satisfies(stored, strategy) and _valid(stored["config"]):
+                return result_from_selection(stored, record.name, target.label)
+            run = _Run(self, loaded, record, target, module, db, budget, time_limit, retune, progress)
+            result = run.execute()
+        result.wall_s = time.perf_counter() - start
+        if result.source != "default":
+            db.put_selection(key, record, loaded.bundle.name, result)
+        return result
+
+
+def _valid(config: str) -> bool:
+    try:
+        kernel_config.parse(config)
+    except PerfConfigError:
+        return False
+    return True
+
+
+class _Run:
+    """One tuning run of one kernel."""
+
+    def __init__(self, tuner: Tuner, loaded, record: KernelRecord, target: Target, module, db: TuningDB,
+                 budget: int | None, time_limit: float | None, retune: bool, progress) -> None:
+        self.loaded, self.record, self.target, self.module, self.db = loaded, record, target, module, db
+        self.budget = budget if budget is not None else module.BUDGET.evaluations
+        self.deadline = time.perf_counter() + time_limit if time_limit else None
+        self.retune = retune
+        self.progress = progress
+        stage = record.stage(target.family)
+        source = Source(stage.blob, loaded.bundle.blob(stage.blob), stage.phase, record.name)
+        self.evaluator = Evaluator(tuner.pool(target), source, record.entry, record.signature, target.driver)
+
+    def execute(self) -> TuneResult:
+        found = dispatches_of.dispatches(finalize.configure(self.loaded.bundle, self.record, self.target))
+        chosen = {d.index for d in self.module.choose(found)}
+        results = {d.index: DispatchResult(d.index, d.name, d.problem, note=d.reason or "left at default by the strategy") for d in found}
+        base = KernelConfig()
+        to_search: list[Dispatch] = []
+        for d in found:
+            if d.index not in chosen:
+                continue
+            stored = None if self.retune else self.db.dispatch(d, self.target)
+            config = _stored_config(stored, d, self.module.NAME)
+            if config is False:
+                to_search.append(d)
+                continue
+            base = base.with_dispatch(d.index, config)
+            results[d.index] = DispatchResult.from_dict({**stored, "index": d.index, "name": d.name, "problem": d.problem, "source": "db"})
+        if not chosen:
+            return TuneResult(self.record.name, self.target.label, self.module.NAME, DEFAULT, "default", list(results.values()))
+        searched = False
+        for position, d in enumerate(to_search):
+            results[d.index], config = self._search(d, base, len(to_search) - position)
+            base = base.with_dispatch(d.index, config)
+            searched = searched or results[d.index].source == "search"
+        try:
+            return self._conclude(base, list(results.values()), "search" if searched else "db")
+        finally:
+            self.evaluator.release()
+
+    def _search(self, d: Dispatch, base: KernelConfig, left: int) -> tuple[DispatchResult, object]:
+        result = DispatchResult(d.index, d.name, d.problem, source="search", strategy=self.module.NAME)
+        seconds = None
+        if self.deadline is not None:
+            seconds = (self.deadline - time.perf_counter()) / left
+            if seconds <= 0:
+                result.source, result.note = "skipped", "time limit reached"
+                return result, None
+        space = space_for(d, cores())
+        if space is None:
+            result.source, result.note = "skipped", f"no search space for {d.family or 'this target'}"
+            return result, None
+        search = Search(self.evaluator, space, base, d.index, Budget(self.budget, seconds), self.record.name, self.progress)
+        started = time.perf_counter()
+        self.module.search(search)
+        config, timings = self._decide(search)
+        counts = search.counts()
+        result.evaluated, result.failed, result.wrong, result.duplicates = (counts[k] for k in ("evaluated", "failed", "wrong", "duplicates"))
+        result.default_s, result.best_s = timings
+        result.config = perfconfig.to_string(config) if config is not None else DEFAULT
+        result.wall_s = time.perf_counter() - started
+        self.db.put_dispatch(d, self.target, result)
+        return result, config
+
+    def _decide(self, search: Search):
+        """The dispatch's winner after re-timing finalists with the default side by side."""
+        default = str(search.base)
+        finalists = [c for c in search.finalists(FINALISTS) if c != default]
+        timings = self.evaluator.interleaved([default, *finalists], self.target.driver)
+        default_s = timings[default].min_s if default in timings else None
+        ranked = sorted((timings[c].min_s, c) for c in finalists if c in timings)
+        if ranked and default_s and ranked[0][0] < default_s * (1 - MIN_GAIN):
+            winner = kernel_config.parse(ranked[0][1]).get(search.index)
+            return winner, (default_s, ranked[0][0])
+        return None, (default_s, default_s)
+
+    def _conclude(self, config: KernelConfig, results: list[DispatchResult], source: str) -> TuneResult:
+        results = sorted(results, key=lambda r: r.index)
+        result = TuneResult(self.record.name, self.target.label, self.module.NAME, DEFAULT, source, results)
+        if config.is_default and source != "search":
+            return result  # nothing to check or time: the compiler's default everywhere
+        final = str(config)
+        evaluation = self.evaluator.evaluate([final], self.target.driver)[0]
+        timed = evaluation.duplicate_of if evaluation.status == "duplicate" else final
+        if not self.evaluator.results[timed].ok:
+            for r in results:
+                if r.config != DEFAULT:
+                    r.config, r.note = DEFAULT, f"dropped: the combined config failed its check ({evaluation.error})"
+            final = timed = DEFAULT
+        timings = self.evaluator.interleaved(list(dict.fromkeys([DEFAULT, timed])), self.target.driver)
+        if timings[timed].min_s >= timings[DEFAULT].min_s:
+            final = timed = DEFAULT  # the parts won separately but not together
+        if final != DEFAULT:
+            self.loaded.put_native(self.record, self.target, final, self.evaluator.vmfbs[timed], self.evaluator.results[timed].compile_s)
+        result.config = final
+        result.default_s, result.best_s = timings[DEFAULT].min_s, timings[timed].min_s
+        result.evaluations = [e for e in self.evaluator.results.values() if e.config != DEFAULT]
+        return result
+
+
+def _stored_config(stored: dict | None, d: Dispatch, strategy: str):
+    """A stored dispatch result's config (None: the default), or False when it does not answer."""
+    if not satisfies(stored, strategy):
+        return False
+    if stored["config"] == DEFAULT:
+        return None
+    try:
+        config = perfconfig.parse(stored["config"], family=d.family)
+    except PerfConfigError:
+        return False
+    return config if config.rank == len(d.sizes) else False
+
+
+# --- the loader's entry points ----------------------------------------------------
+
+_shared: Tuner | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_tuner() -> Tuner:
+    """The process-wide tuner used by `bundle.kernel(..., tune=...)`; closed at exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Tuner()
+            atexit.register(_shared.close)
+        return _shared
+
+
+def tune_kernel(loaded, record: KernelRecord, target: Target, strategy: str = "quick", **options) -> TuneResult:
+    """Tune (or look up) a kernel's config on a target; `result.config` is its config string."""
+    return shared_tuner().tune(loaded, record, target, strategy, **options)
+
+
+def compile_config(bundle: Bundle, record: KernelRecord, target: Target, config: str) -> bytes:
+    """Native code (a vmfb) for a kernel with a non-default kernel config string."""
+    parsed = kernel_config.parse(config)
+    if parsed.is_default:
+        return finalize.finalize(bundle, record, target)
+    module = finalize.configure(bundle, record, target)
+    stamped = dispatches_of.stamp(module, parsed, finalize.compiler_for(target).context)
+    return finalize.finish(target, stamped, finalize.CONFIGURED_PHASE, record.name)
