@@ -16,7 +16,7 @@ from typing import Sequence
 from portkern.errors import KernelRuntimeError, TuningError
 from portkern.portable.bundle import Signature
 from portkern.tuner.kernel_config import DEFAULT
-from portkern.tuner.measure import Bench, Timing, make_inputs, mismatch
+from portkern.tuner.measure import ROUNDS, Bench, Timing, make_inputs, mismatch
 from portkern.tuner.pool import CompilePool, Job, Source
 from portkern.tuner.results import Evaluation
 
@@ -117,11 +117,11 @@ class Evaluator:
         except KernelRuntimeError as exc:
             evaluation.status, evaluation.error = "unloadable", str(exc)[:200]
 
-    def interleaved(self, configs: Sequence[str], driver: str) -> dict[str, Timing]:
+    def interleaved(self, configs: Sequence[str], driver: str, rounds: int = ROUNDS) -> dict[str, Timing]:
         """Checked configs re-timed round-robin on a driver (the finalists' comparison)."""
         self.evaluate(configs, driver)
         usable = [c for c in dict.fromkeys(configs) if self.results[c].ok]
-        timings = self.bench(driver).interleaved([self._executable(c, driver) for c in usable])
+        timings = self.bench(driver).interleaved([self._executable(c, driver) for c in usable], rounds=rounds)
         return dict(zip(usable, timings))
 
     def release(self) -> None:

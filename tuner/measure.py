@@ -23,7 +23,8 @@ RUNS = 20
 MIN_RUNS = 5
 #: A candidate's timed calls stop early past this (slow kernels).
 RUN_BUDGET_S = 0.25
-ROUNDS = 5
+#: Interleaved re-timing: many short rounds, so bursts of load from other processes hit every finalist.
+ROUNDS, ROUND_RUNS = 15, 4
 #: Relative tolerance of a candidate's outputs against the default config's, per dtype;
 #: the absolute tolerance is this times the largest magnitude of the default's output.
 RTOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4, "float64": 1e-9}
@@ -141,7 +142,7 @@ class Bench:
         arguments = self._device_inputs
         return time_calls(lambda: executable.invoke(*arguments), **options)
 
-    def interleaved(self, executables: Sequence, rounds: int = ROUNDS, runs: int = RUNS // 2) -> list[Timing]:
+    def interleaved(self, executables: Sequence, rounds: int = ROUNDS, runs: int = ROUND_RUNS) -> list[Timing]:
         """Per executable, the timing over rounds of its per-round median, all timed round-robin.
 
         Compare finalists on `min_s`, their best round: other load on the

@@ -107,6 +107,8 @@ class TuneResult:
     default_s: float | None = None
     best_s: float | None = None
     wall_s: float = 0.0
+    #: Why the result is what it is, when that needs saying.
+    note: str = ""
     #: Every candidate evaluated in this run (not stored).
     evaluations: list[Evaluation] = field(default_factory=list)
 
@@ -127,6 +129,7 @@ class TuneResult:
             "best_s": self.best_s,
             "speedup": self.speedup,
             "wall_s": self.wall_s,
+            "note": self.note,
             "dispatches": [d.to_dict() for d in self.dispatches],
         }
         if evaluations:

@@ -118,9 +118,12 @@ class Search:
         return done
 
     def best(self, count: int, stage: Stage) -> list[PerfConfig]:
-        """The fastest checked configs timed for `stage`'s ranking (the default among them)."""
+        """The fastest checked configs timed for `stage`'s ranking (the default among them).
+
+        Candidates rank by their fastest call: load from other processes only adds time.
+        """
         driver = driver_for(stage.ranking, self.evaluator.deployed)
-        timed = [(e.timings[driver].median_s, str(c), c) for c, e, _ in self.history if e.ok and driver in e.timings]
+        timed = [(e.timings[driver].min_s, str(c), c) for c, e, _ in self.history if e.ok and driver in e.timings]
         default = self.default_timing(driver)
         if default is not None:
             timed.append((default, "", self.space.default))
@@ -134,7 +137,7 @@ class Search:
     def default_timing(self, driver: str) -> float | None:
         base = str(self.base)
         evaluation = self.evaluator.evaluate([base], driver)[0]
-        return evaluation.timings[driver].median_s if evaluation.ok else None
+        return evaluation.timings[driver].min_s if evaluation.ok else None
 
     def counts(self) -> dict[str, int]:
         statuses = [e.status for _, e, _ in self.history]
@@ -150,6 +153,6 @@ class Search:
         chosen: list[str] = []
         drivers = dict.fromkeys(d for _, e, _ in self.history for d in e.timings)
         for driver in drivers:
-            timed = sorted((e.timings[driver].median_s, e.config) for _, e, _ in self.history if e.ok and driver in e.timings)
+            timed = sorted((e.timings[driver].min_s, e.config) for _, e, _ in self.history if e.ok and driver in e.timings)
             chosen += [config for _, config in timed[:per_driver]]
         return list(dict.fromkeys(chosen))

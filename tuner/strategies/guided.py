@@ -2,9 +2,8 @@
 
 The space's cost model ranks the joint space; each round evaluates one batch
 (one candidate per compile worker): half from the unevaluated neighbours of
-the best candidate measured so far, best-scored first, the rest from the
-model's order. Within a small budget this finds what an exhaustive sweep
-finds far more often than a random sample does.
+the best candidate measured so far, best-scored first, the rest the model's
+best picks that are not next to anything tried yet.
 """
 
 from __future__ import annotations
@@ -29,12 +28,18 @@ def search(search: Search) -> None:
     stage = space.stages[-1]
     ordered = sorted(space.joint(), key=lambda c: (space.score(c), str(c)))
     search.plan(len(ordered))
+    tried: list = []
     while not search.exhausted:
         best = search.best(1, stage)
-        local = [c for c in space.neighbors(best[0], ordered) if not search.evaluated(c)] if best else []
+        local = [c for c in space.neighbors(best[0], ordered) if not search.evaluated(c)] if tried else []
         local.sort(key=lambda c: (space.score(c), str(c)))
-        batch = local[: max(1, search.batch // 2)] if search.history else []
-        batch += [c for c in ordered if not search.evaluated(c) and c not in batch][: search.batch - len(batch)]
+        batch = local[: max(1, search.batch // 2)]
+        fresh = [c for c in ordered if not search.evaluated(c) and c not in batch]
+        for candidate in fresh:  # model picks not next to anything tried: the local half covers that
+            if len(batch) < search.batch and not space.neighbors(candidate, tried + batch):
+                batch.append(candidate)
+        batch += [c for c in fresh if c not in batch][: search.batch - len(batch)]
         if not batch:
             return
+        tried += batch
         search.evaluate(batch, stage)

@@ -1,0 +1,168 @@
+"""Tuning end to end: bad candidates never win, results are stored and reused, the loader and CLI use them."""
+
+from __future__ import annotations
+
+import json
+import sys
+import types
+
+import pytest
+
+import portkern
+from portkern.cli.main import main
+from portkern.errors import PerfConfigError
+from portkern.examples import MANIFEST
+from portkern.examples.reference import EXAMPLES
+from portkern.jit import devices
+from portkern.jit.loader import selection_key
+from portkern.jit.runtime import Executable
+from portkern.portable.builder import build_file
+from portkern.tuner import session, strategies
+from portkern.tuner.cpu_config import CpuConfig
+from portkern.tuner.search import Budget
+from portkern.tuner.session import Tuner, compile_config
+
+from helpers import assert_matches
+
+#: A parallel vector tile on the reduction loop: compiles, computes wrong numbers (rule P2).
+WRONG = CpuConfig((64, 64, 0), (8, 16, 16), (0, 0, 16))
+#: Vector ops over whole 64x512 slices: LLVMCPU refuses to compile them (rule P1).
+TOO_LARGE = CpuConfig((64, 64, 0), (0, 0, 0), (0, 0, 0))
+GOOD = CpuConfig((128, 128, 0), (8, 32, 0), (0, 0, 4))
+
+
+@pytest.fixture
+def adversarial(monkeypatch):
+    """A strategy that proposes a wrong, an invalid and a good candidate for dispatch 0."""
+    module = types.ModuleType("portkern_test_adversarial")
+    module.NAME, module.LEVEL, module.BUDGET = "adversarial", 1, Budget()
+    module.choose = lambda found: [d for d in found if d.index == 0]
+    module.search = lambda search: search.evaluate([WRONG, TOO_LARGE, GOOD], search.space.stages[-1])
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.setitem(strategies.STRATEGIES, "adversarial", module.__name__)
+    return "adversarial"
+
+
+@pytest.fixture
+def shared_tuner_closed():
+    yield
+    if session._shared is not None:
+        session._shared.close()
+
+
+def check_kernel(kernel, name, rng):
+    example = EXAMPLES[name]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def test_bad_candidates_fail_or_are_rejected_and_never_win(examples_bundle, store, rng, adversarial):
+    bundle = portkern.load(examples_bundle, store=store)
+    record, target = bundle.record("gemm_bias_relu"), devices.resolve("cpu", store)
+    with Tuner(workers=2) as tuner:
+        result = tuner.tune(bundle, record, target, adversarial)
+    status = {e.config: e.status for e in result.evaluations}
+    assert status[f"0={WRONG}"] == "wrong"
+    assert status[f"0={TOO_LARGE}"] == "error"
+    assert status[f"0={GOOD}"] == "ok"
+    (tuned,) = result.dispatches
+    assert (tuned.evaluated, tuned.failed, tuned.wrong) == (3, 1, 1)
+    assert result.config in ("default", f"0={GOOD}") and tuned.config in ("default", str(GOOD))
+    kernel = bundle.kernel("gemm_bias_relu")  # tune=None: the stored selection
+    assert kernel.config == result.config
+    check_kernel(kernel, "gemm_bias_relu", rng)
+
+
+def test_second_tune_of_the_same_problem_is_served_from_the_db(examples_bundle, store, tmp_path, rng):
+    source = (MANIFEST.parent / "gemm_bias_relu.mlir").read_text().replace("@gemm_bias_relu", "@renamed")
+    (tmp_path / "renamed.mlir").write_text(source)
+    (tmp_path / "manifest.yaml").write_text("bundle: other\nkernels:\n  - name: renamed\n    source: renamed.mlir\n")
+    build_file(tmp_path / "manifest.yaml", tmp_path / "other.pkb")
+    target = devices.resolve("cpu", store)
+    first_bundle, other_bundle = portkern.load(examples_bundle, store=store), portkern.load(tmp_path / "other.pkb", store=store)
+    with Tuner() as tuner:
+        first = tuner.tune(first_bundle, first_bundle.record("gemm_bias_relu"), target, "quick", budget=2)
+        assert first.source == "search" and first.dispatches[0].evaluated == 2
+        second = tuner.tune(other_bundle, other_bundle.record("renamed"), target, "quick")
+        assert second.source == "db" and second.dispatches[0].source == "db"
+        assert second.dispatches[0].config == first.dispatches[0].config
+        assert all(e.config == second.config for e in second.evaluations)  # only the combined check, no search
+        assert tuner.tune(other_bundle, other_bundle.record("renamed"), target, "quick").source == "selection"
+        # a more thorough strategy is not answered by a quick result
+        assert tuner.tune(other_bundle, other_bundle.record("renamed"), target, "random", budget=1).source == "search"
+    assert store.get_record("t", selection_key(other_bundle.record("renamed"), target))["strategy"] == "random"
+    kernel = other_bundle.kernel("renamed")
+    assert kernel.config == "default" or kernel.config.startswith("0=cpu:v1:")
+    check_kernel(kernel, "gemm_bias_relu", rng)
+
+
+def test_loader_tunes_then_reuses_the_selection(examples_bundle, store, rng, shared_tuner_closed):
+    bundle = portkern.load(examples_bundle, store=store)
+    tuned = bundle.kernel("gemm_transpose_add", tune="quick")
+    check_kernel(tuned, "gemm_transpose_add", rng)
+    again = bundle.kernel("gemm_transpose_add")
+    assert again.config == tuned.config
+    assert again.origin == "cache"
+    check_kernel(again, "gemm_transpose_add", rng)
+    assert bundle.kernel("gemm_transpose_add", tune="default").config == "default"
+    mlp = bundle.kernel("mlp", tune="quick")  # only small dispatches: left at the default, nothing searched
+    assert mlp.config == "default"
+
+
+@pytest.mark.parametrize("name, config", [
+    ("gemm_glu", "0=cpu:v1:128x128x0,8x32x0,0x0x4;1=cpu:v1:64x128,2x32,0x0"),
+    ("gemm_rowsum", "1=cpu:v1:32x0,4x0,0x32"),
+])
+def test_compile_config_builds_correct_code(examples_bundle, store, rng, name, config):
+    bundle = portkern.load(examples_bundle, store=store)
+    target = devices.resolve("cpu", store)
+    code = compile_config(bundle.bundle, bundle.record(name), target, config)
+    example = EXAMPLES[name]
+    inputs = example.inputs(rng)
+    outputs = Executable(code, bundle.record(name).entry, target.driver)(*inputs)
+    assert_matches(tuple(outputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+@pytest.mark.parametrize("config, message", [
+    ("0=amdgpu:v1:64x128x0,2x4x0,0x0x16,none,256x1x1,64,2,0", "needs a cpu config"),
+    ("5=cpu:v1:64x64x0,8x32x0,0x0x4", "names dispatch 5"),
+    ("0=cpu:v9:64x64x0,8x32x0,0x0x4", "unknown cpu version"),
+])
+def test_compile_config_refuses_configs_that_do_not_fit(examples_bundle, store, config, message):
+    bundle = portkern.load(examples_bundle, store=store)
+    with pytest.raises(PerfConfigError, match=message):
+        compile_config(bundle.bundle, bundle.record("gemm_bias_relu"), devices.resolve("cpu", store), config)
+
+
+def test_time_limit_stops_the_search(examples_bundle, store):
+    bundle = portkern.load(examples_bundle, store=store)
+    with Tuner(workers=1) as tuner:
+        result = tuner.tune(bundle, bundle.record("gemm_rowsum"), devices.resolve("cpu", store), "full", time_limit=0.2)
+    assert sum(d.evaluated for d in result.dispatches) <= 2  # one chunk of two candidates, then out of time
+    assert result.dispatches[1].source in ("skipped", "search")
+
+
+def test_cli_tune(examples_bundle, tmp_path, capsys):
+    argv = ["tune", str(examples_bundle), "--kernel", "gemm_rowsum", "--budget", "1", "--cache-dir", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    (report,) = json.loads(capsys.readouterr().out)
+    assert report["kernel"] == "gemm_rowsum" and report["source"] == "search" and report["strategy"] == "quick"
+    first, second = report["dispatches"]
+    assert first["evaluated"] == 1 and first["source"] == "search" and first["default_s"] > 0
+    assert second["source"] == "skipped"
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)[0]["source"] == "selection"
+    assert main(["tune", str(examples_bundle), "--kernel", "gemm_rowsum", "--cache-dir", str(tmp_path)]) == 0
+    shown = capsys.readouterr().out
+    assert "gemm_rowsum" in shown and "selection" in shown
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--workers", "0"], "--workers must be at least 1"),
+    (["--budget", "-1"], "candidate count >= 0"),
+    (["--kernel", "nope"], "has no kernel 'nope'"),
+])
+def test_cli_tune_errors(examples_bundle, tmp_path, capsys, extra, message):
+    assert main(["tune", str(examples_bundle), "--cache-dir", str(tmp_path), *extra]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("portkern: error: ") and "\n" not in err and message in err
