@@ -26,6 +26,10 @@ class BuildError(CompileError):
     """A kernel source failed to compile or import on the build host."""
 
 
+class LaunchSpecError(PortkernError, ValueError):
+    """An OpenCL kernel's launch description (arguments, sizes, expressions) is malformed."""
+
+
 # --- bundle format ----------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""Device specs ("cpu", "cpu:haswell", ...) and the backends that probe and target them.
+"""Device specs ("cpu", "cpu:haswell", "opencl", "opencl:0", ...) and the backends that probe and target them.
 
 A backend is a module with `KIND`, `probe(store) -> Probe` and
 `target(arch, store) -> Target` (`arch` None: the local device).
@@ -15,6 +15,7 @@ from portkern.jit.target import Probe, Target
 
 _BACKENDS = {
     "cpu": "portkern.jit.cpu",
+    "opencl": "portkern.jit.opencl",
 }
 _ALIASES = {"host": "cpu", "llvm-cpu": "cpu"}
 

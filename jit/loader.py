@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -11,12 +12,13 @@ import numpy as np
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, tuning_key
-from portkern.cache.store import Entry, Store, default_store
-from portkern.errors import DeviceError
+from portkern.cache.store import CacheWarning, Entry, Store, default_store
+from portkern.errors import DeviceError, KernelRuntimeError, TuningError
 from portkern.jit import devices
 from portkern.jit.args import check_arguments
 from portkern.jit.target import Target
-from portkern.portable.bundle import Bundle, KernelRecord, Signature, read_bundle
+from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, read_bundle
+from portkern.portable.launch import launch_of
 from portkern.portable.producer import check_release, installed_compiler, installed_runtime
 
 DEFAULT_CONFIG = "default"
@@ -40,14 +42,30 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     """Open and check a bundle; nothing is compiled until a kernel is asked for."""
     bundle = read_bundle(path)
     for record in bundle.kernels:
+        if opencl_native(record):
+            launch_of(record)
         for stage in record.stages:
             if stage.format == "mlir-bytecode":
                 check_release(stage.producer, record.name)
     return LoadedBundle(bundle, Path(path), store)
 
 
+def opencl_native(record: KernelRecord):
+    """The OpenCL finaliser for kernels whose stages are SPIR-V; None for IREE (MLIR) kernels.
+
+    This is the one place where the loader tells the two toolchains apart.
+    """
+    if any(stage.format == "spirv" for stage in record.stages):
+        from portkern.jit import opencl_native as module
+
+        return module
+    return None
+
+
 def compiler_id(record: KernelRecord) -> str:
     """The toolchain that turns this kernel into native code (part of every cache key)."""
+    if opencl_native(record):
+        return opencl_native(record).compiler_id()
     compiler, runtime = installed_compiler(), installed_runtime()
     return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
 
@@ -100,9 +118,23 @@ class LoadedBundle:
                 f"cannot run {name!r} on {target.label} here: {target.reason} "
                 f"(use `portkern finalize --target {target.label}` to build for it ahead of time)"
             )
+        if bool(opencl_native(record)) != (target.driver == "opencl"):
+            wanted = "an OpenCL device (device='opencl')" if opencl_native(record) else "an IREE device such as 'cpu'"
+            raise DeviceError(f"{name!r} is a {record.kind} kernel and runs on {wanted}, not on {target.label}")
+        if opencl_native(record) and tune not in NO_SEARCH:
+            raise TuningError(f"{name!r} is a {record.kind} kernel; it runs with its manifest's launch sizes and is not tuned")
         config = self.config_for(record, target, tune)
         native = self.native(record, target, config)
-        return Kernel(record, target, native, self._executable(record, target, native))
+        try:
+            executable = self._executable(record, target, native)
+        except KernelRuntimeError as exc:
+            if native.origin != "cache":
+                raise
+            warnings.warn(f"cached native code for {name!r} on {target.label} does not load ({exc}); rebuilding it", CacheWarning, stacklevel=2)
+            self.store.delete(native.key)
+            native = self.native(record, target, config)
+            executable = self._executable(record, target, native)
+        return Kernel(record, target, native, executable)
 
     def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> str:
         """The perf config to use: stored selection, default, or a fresh tuning result."""
@@ -117,14 +149,21 @@ class LoadedBundle:
         return tune_kernel(self, record, target, strategy=tune).config
 
     def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
-        stage = record.stage(target.family)
+        stage, flags = self._stage(record, target)
         return artifact_key(
             kernel_digest(record.kind, record.entry, stage.blob),
             target.fingerprint,
             compiler_id(record),
             config,
-            target.flags,
+            flags,
         )
+
+    def _stage(self, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
+        """The stage finalised for a target and the flags that change its native code."""
+        if opencl_native(record):
+            plan = opencl_native(record).plan(self.bundle, record, target)
+            return plan.stage, plan.key_flags
+        return record.stage(target.family), target.flags
 
     def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
         """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
@@ -155,17 +194,21 @@ class LoadedBundle:
             from portkern.tuner.session import compile_config
 
             return compile_config(self.bundle, record, target, config)
+        if opencl_native(record):
+            return opencl_native(record).finalize(self.bundle, record, target)
         from portkern.jit.finalize import finalize
 
         return finalize(self.bundle, record, target)
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
+        if opencl_native(record):
+            return opencl_native(record).Executable(native.data, record, target)
         from portkern.jit.runtime import Executable
 
         return Executable(native.data, record.entry, target.driver)
 
     def _entry(self, record: KernelRecord, target: Target, native: Native) -> Entry:
-        stage = record.stage(target.family)
+        stage, flags = self._stage(record, target)
         return Entry(
             key=native.key,
             kernel=record.name,
@@ -174,11 +217,11 @@ class LoadedBundle:
             device=target.fingerprint.to_dict(),
             device_label=target.label,
             config=native.config,
-            format="vmfb",
+            format=opencl_native(record).FORMAT if opencl_native(record) else "vmfb",
             size=len(native.data),
             sha256="",
             compiler=compiler_id(record),
-            flags=list(target.flags),
+            flags=list(flags),
             kernel_digest=kernel_digest(record.kind, record.entry, stage.blob),
             finalize_s=native.finalize_s,
         )

@@ -39,6 +39,10 @@ def build_kernel(spec: KernelSpec, compiler: Compiler) -> tuple[KernelRecord, di
         stage = Stage(PORTABLE_PHASE, "any", "mlir-bytecode", blob, len(lowered.stage_bytes), lowered.producer)
         record = KernelRecord(spec.name, spec.kind, lowered.entry, lowered.signature, (stage,), source_sha)
         return record, {blob: lowered.stage_bytes}
+    if spec.kind in ("opencl", "spirv"):
+        from portkern.portable.opencl import build_opencl
+
+        return build_opencl(spec, source_sha)
     raise BuildError(f"{spec.source}: kernels of kind {spec.kind!r} are not supported by this build")
 
 
