@@ -120,9 +120,9 @@ class LoadedBundle:
             )
         if bool(opencl_native(record)) != (target.driver == "opencl"):
             wanted = "an OpenCL device (device='opencl')" if opencl_native(record) else "an IREE device such as 'cpu'"
-            raise DeviceError(f"{name!r} is a {record.kind} kernel and runs on {wanted}, not on {target.label}")
+            raise DeviceError(f"{name!r} ({record.kind} kernel) runs on {wanted}, not on {target.label}")
         if opencl_native(record) and tune not in NO_SEARCH:
-            raise TuningError(f"{name!r} is a {record.kind} kernel; it runs with its manifest's launch sizes and is not tuned")
+            raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
         config = self.config_for(record, target, tune)
         native = self.native(record, target, config)
         try:

@@ -98,11 +98,11 @@ class Signature:
 class Stage:
     """A portable (not yet native) form of a kernel, stored as a blob."""
 
-    #: The IREE phase it was lowered to ("flow", "executable-sources") or "spirv".
+    #: The IREE phase it was lowered to ("flow", "executable-sources"), or "spirv" / "spir".
     phase: str
     #: Device family it is specific to: "any", or e.g. "amdgpu" for a placeholder-arch stage.
     family: str
-    #: "mlir-bytecode" or "spirv".
+    #: "mlir-bytecode", "spirv", or "spir-bitcode" (SPIR 1.2, for OpenCL drivers without SPIR-V IL).
     format: str
     blob: str
     size: int

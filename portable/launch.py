@@ -180,7 +180,7 @@ def from_manifest(options: Mapping[str, Any], kind: str, source: Path) -> tuple[
     """
     for key in ("args", "global"):
         if key not in options:
-            raise _fail((), f"an {kind} kernel needs `{key}:`")
+            raise _fail((), f"{kind} kernels need `{key}:`")
     launch = _common(options)
     local = _local(options.get("local"), ("local",))
     defines = _defines(options.get("defines"), ("defines",), kind)
@@ -355,7 +355,7 @@ def _check_variants(variants: Sequence[Variant], global_size: Sequence[expr.Expr
     for index, variant in enumerate(variants):
         if variant.subgroup_size is not None and variant.subgroup_size not in SUBGROUP_SIZES:
             raise _fail(("variants", index, "subgroup_size"), f"must be one of {', '.join(map(str, SUBGROUP_SIZES))}")
-        if sizes.count(variant.subgroup_size) > 1:
+        if variant.subgroup_size in sizes[:index]:
             raise _fail(("variants", index, "subgroup_size"), f"two variants for sub-group size {variant.subgroup_size}")
         if variant.subgroup_size is None and len(variants) > 1:
             raise _fail(("variants", index, "subgroup_size"), "only a single variant may leave the sub-group size open")

@@ -106,7 +106,6 @@ def _compile_variant(spec: KernelSpec, launch: Launch, variant: Variant, source:
     origin = str(source.source) + (f" (sub-group size {variant.subgroup_size} variant)" if variant.subgroup_size else "")
     if spec.kind == "opencl":
         code = compile_opencl(source.source, source.defines, origin)
-        producer = Producer("clang/llvm-spirv", f"{tool_version(CLANG)}/{tool_version(LLVM_SPIRV)}")
     else:
         code = _read_source(source.source)
         validate(code, origin)
@@ -114,9 +113,11 @@ def _compile_variant(spec: KernelSpec, launch: Launch, variant: Variant, source:
         module = spirv.read(code)
     except CompileError as exc:
         raise BuildError(f"{origin}: {exc}") from None
-    if spec.kind == "spirv":
-        producer = Producer(module.generator, str(module.generator_version))
     check_kernel(module, entry, launch, variant, origin)
+    if spec.kind == "opencl":
+        producer = Producer("clang/llvm-spirv", f"{tool_version(CLANG)}/{tool_version(LLVM_SPIRV)}")
+    else:
+        producer = Producer(module.generator, str(module.generator_version))
     stages = [_stage(SPIRV_STAGE, code, producer)]
     try:
         stages.append(_stage(SPIR_STAGE, to_spir(code, origin), Producer("llvm-spirv", tool_version(LLVM_SPIRV))))
@@ -208,18 +209,18 @@ def _param_problem(param: spirv.Param, arg: LaunchArg) -> str:
     want = _ELEMENTS[arg.dtype]
     if arg.is_buffer:
         if param.kind != "pointer":
-            return f"the kernel takes a {_c_type(param)}, the manifest describes a {arg.role} buffer"
+            return f"the kernel parameter is {_c_type(param)}, but the manifest describes a buffer (role {arg.role})"
         if param.space == "local":
             return "__local pointer arguments are not supported; declare __local arrays inside the kernel"
         if param.space not in ("global", "constant"):
-            return f"the kernel takes a {_c_type(param)}; buffers must be __global or __constant"
+            return f"the kernel parameter is {_c_type(param)}; buffers must be __global or __constant"
         if param.element != want:
-            return f"the kernel takes a {_c_type(param)}, the manifest says {arg.dtype}"
+            return f"the kernel parameter is {_c_type(param)}, but the manifest says {arg.dtype}"
         if arg.is_output and (param.space == "constant" or not param.writable):
-            return f"the manifest says role {arg.role}, but the kernel never writes through it ({_c_type(param)}, const or unused)"
+            return f"the manifest says role {arg.role}, but the kernel never writes through it ({_c_type(param)}: const or unused)"
         return ""
     if param.kind != "scalar" or param.element != want:
-        return f"the kernel takes a {_c_type(param)}, the manifest says a {arg.dtype} scalar"
+        return f"the kernel parameter is {_c_type(param)}, but the manifest says a scalar of {arg.dtype}"
     return ""
 
 

@@ -33,6 +33,21 @@ def examples_bundle(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def opencl_examples_bundle(tmp_path_factory) -> Path:
+    """The OpenCL C example manifest, built once per test session (skips without clang/llvm-spirv)."""
+    from helpers import opencl_toolchain_missing
+
+    from portkern.examples import OPENCL_MANIFEST
+    from portkern.portable.builder import build_file
+
+    if opencl_toolchain_missing():
+        pytest.skip(opencl_toolchain_missing())
+    path = tmp_path_factory.mktemp("bundles") / "opencl-examples.pkb"
+    build_file(OPENCL_MANIFEST, path)
+    return path
+
+
 @pytest.fixture
 def store(tmp_path) -> Store:
     """An empty cache of its own."""

@@ -84,7 +84,8 @@ def run_opencl_examples(output: Path, store, rng: np.random.Generator, log) -> d
         report["skipped"] = f"{', '.join(missing)} not installed ({APT_HINT})"
     else:
         try:
-            resolve("opencl", store)
+            target = resolve("opencl", store)
+            report["skipped"] = None if target.runnable else f"{target.label}: {target.reason}"
         except DeviceError as exc:
             report["skipped"] = str(exc)
     if report["skipped"]:
