@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -11,10 +12,11 @@ import numpy as np
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, tuning_key
-from portkern.cache.store import Entry, Store, default_store
+from portkern.cache.store import CacheWarning, Entry, Store, default_store
 from portkern.errors import DeviceError
 from portkern.jit import devices
 from portkern.jit.args import check_arguments
+from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, read_bundle
 from portkern.portable.producer import check_release, installed_compiler, installed_runtime
@@ -123,17 +125,17 @@ class LoadedBundle:
             target.fingerprint,
             compiler_id(record),
             config,
-            target.flags,
+            target.identity,
         )
 
     def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
         """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
         key = self.key(record, target, config).hex
-        hit = self.store.get(key)
+        hit = self._cached(key, target)
         if hit is not None:
             return Native(hit[0], key, config, "cache", hit[1].finalize_s)
         with self.store.lock(key):
-            hit = self.store.get(key, count=False)
+            hit = self._cached(key, target, count=False)
             if hit is not None:
                 return Native(hit[0], key, config, "cache", hit[1].finalize_s)
             prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
@@ -144,10 +146,24 @@ class LoadedBundle:
             self.store.put(key, data, self._entry(record, target, native))
             return native
 
+    def _cached(self, key: str, target: Target, count: bool = True):
+        """A cache entry, unless it is GPU code for another arch (then it is evicted)."""
+        hit = self.store.get(key, count=count)
+        problem = code_problem(hit[0], target.fingerprint) if hit is not None else None
+        if problem is not None:
+            warnings.warn(f"cache entry {key[:16]} is not code for {target.label} ({problem}); evicted", CacheWarning)
+            self.store.delete(key)
+            return None
+        return hit
+
     def _prebuilt(self, record: KernelRecord, target: Target) -> bytes | None:
         for artifact in record.native:
             if DeviceFingerprint.from_dict(artifact.device) == target.fingerprint:
-                return self.bundle.blob(artifact.blob)
+                data = self.bundle.blob(artifact.blob)
+                problem = code_problem(data, target.fingerprint)
+                if problem is None:
+                    return data
+                warnings.warn(f"prebuilt {artifact.target} code of {record.name!r} ignored: {problem}")
         return None
 
     def _compile(self, record: KernelRecord, target: Target, config: str) -> bytes:

@@ -172,10 +172,12 @@ class KernelRecord:
     launch: Mapping[str, Any] = field(default_factory=dict)
 
     def stage(self, family: str = "any") -> Stage:
-        """The stage for a device family (the device-independent one by default)."""
-        for stage in self.stages:
-            if stage.family == family:
-                return stage
+        """The stage to finalise for a device family: the family's own stage if
+        there is one, else the device-independent one."""
+        for wanted in dict.fromkeys((family, "any")):
+            for stage in self.stages:
+                if stage.family == wanted:
+                    return stage
         have = ", ".join(f"{s.family}/{s.phase}" for s in self.stages)
         raise BundleError(f"kernel {self.name!r} has no {family!r} stage (it has: {have})")
 

@@ -18,6 +18,7 @@ COMMANDS = (
     "portkern.cli.run",
     "portkern.cli.devices",
     "portkern.cli.demo",
+    "portkern.cli.finalize",
 )
 
 
