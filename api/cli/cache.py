@@ -40,21 +40,22 @@ def register(sub) -> None:
     imp.add_argument("file", type=Path)
 
 
+def entries_table(title: str, entries: list):
+    """The `cache ls` table of cache entries."""
+    now = time.time()
+    rows = [
+        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now), e.hits]
+        for e in entries
+    ]
+    return table(title, ["key", "kernel", "bundle", "device", "config", "size", "age", "hits"], rows)
+
+
 def run_ls(args: argparse.Namespace) -> Report:
     from portkern.cache.store import matches_device
 
     store = store_from(args)
     entries = [e for e in store.entries() if args.device is None or matches_device(e.device, args.device)]
-    now = time.time()
-
-    def render(out):
-        rows = [
-            [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now), e.hits]
-            for e in entries
-        ]
-        out.print(table(f"{store.directory}: {len(entries)} entries", ["key", "kernel", "bundle", "device", "config", "size", "age", "hits"], rows))
-
-    return Report([asdict(e) for e in entries], render)
+    return Report([asdict(e) for e in entries], lambda out: out.print(entries_table(f"{store.directory}: {len(entries)} entries", entries)))
 
 
 def run_show(args: argparse.Namespace) -> Report:
