@@ -45,6 +45,11 @@ class Format:
     max_str: int = 64 << 10
     max_items: int = 1 << 16
 
+    @classmethod
+    def with_error(cls, what: str, magic: bytes, major: int, minor: int, error: type[Exception]) -> "Format":
+        """A format whose every failure raises the same error type."""
+        return cls(what, magic, major, minor, error, error, error, error, error, error)
+
 
 def pack(fmt: Format, document: Any) -> bytes:
     """Header + msgpack payload of `document` (maps keep their insertion order)."""

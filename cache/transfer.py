@@ -23,18 +23,7 @@ from portkern.cache.store import Entry, Store, matches_device
 from portkern.errors import CacheError
 
 MAGIC = b"\x89PKX\r\n\x1a\n"
-FORMAT = framing.Format(
-    "cache export",
-    MAGIC,
-    1,
-    0,
-    truncated=CacheError,
-    bad_magic=CacheError,
-    unsupported=CacheError,
-    digest=CacheError,
-    oversize=CacheError,
-    malformed=CacheError,
-)
+FORMAT = framing.Format.with_error("cache export", MAGIC, 1, 0, CacheError)
 MAX_EXPORT_BYTES = 16 << 30
 
 
