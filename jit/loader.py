@@ -11,7 +11,8 @@ from typing import Iterator
 import numpy as np
 
 from portkern.cache.device import DeviceFingerprint
-from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, tuning_key
+from portkern import schemas
+from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
 from portkern.cache.store import CacheWarning, Entry, Store, default_store
 from portkern.errors import DeviceError
 from portkern.jit import devices
@@ -40,11 +41,21 @@ class Native:
 
 def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     """Open and check a bundle; nothing is compiled until a kernel is asked for."""
-    bundle = read_bundle(path)
+    store = store if store is not None else default_store()
+    schema = schemas.digest("bundle")
+    seen: list[bool] = []
+
+    def validated(digest: str) -> bool:
+        seen.append(store.get_record("v", validated_key(digest, schema)) is not None)
+        return seen[-1]
+
+    bundle = read_bundle(path, validated)
     for record in bundle.kernels:
         for stage in record.stages:
             if stage.format == "mlir-bytecode":
                 check_release(stage.producer, record.name)
+    if not any(seen):
+        store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
     return LoadedBundle(bundle, Path(path), store)
 
 
@@ -54,10 +65,10 @@ def compiler_id(record: KernelRecord) -> str:
     return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
 
 
-def selection_key(record: KernelRecord, target: Target) -> str:
-    """Key of the config chosen for a kernel on a device (written by the tuner)."""
+def selection_problem(record: KernelRecord, target: Target) -> str:
+    """The tuning problem "which config for this whole kernel" (the tuner stores its answer)."""
     stage = record.stage(target.family)
-    return tuning_key(f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}", target.fingerprint, compiler_id(record))
+    return f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}"
 
 
 class LoadedBundle:
@@ -110,7 +121,7 @@ class LoadedBundle:
         """The perf config to use: stored selection, default, or a fresh tuning result."""
         if tune in NO_SEARCH:
             if tune is None:
-                chosen = self.store.get_record("t", selection_key(record, target))
+                chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
                 if chosen and isinstance(chosen.get("config"), str):
                     return chosen["config"]
             return DEFAULT_CONFIG
@@ -194,7 +205,7 @@ class LoadedBundle:
             size=len(native.data),
             sha256="",
             compiler=compiler_id(record),
-            flags=list(target.flags),
+            flags=list(target.identity),
             kernel_digest=kernel_digest(record.kind, record.entry, stage.blob),
             finalize_s=native.finalize_s,
         )

@@ -91,12 +91,15 @@ def test_export_needs_the_cache_transfer_module(gpu_bundle, tmp_path, capsys):
         assert "--export needs portkern.cache.transfer" in capsys.readouterr().err
         return
     status, report = run_json(capsys, *argv)
-    assert status == 0 and report["exported"] == str(out)
+    assert status == 0 and report["exported"]["path"] == str(out) and report["exported"]["entries"] == 1
     fleet = Store(CacheConfig(tmp_path / "b" / "v1", 1 << 30, False))
-    transfer.import_(fleet, out)
+    imported = transfer.import_(fleet, out)
+    assert imported.entries == 1 and imported.rejected == []
     (entry,) = report["entries"]
-    data, _ = fleet.get(entry["key"])
-    assert {(p.version, p.target) for p in codeobject.inspect(data).ptx} == {("7.8", "sm_90")}
+    loaded = portkern.load(gpu_bundle, store=fleet)
+    served = loaded.native(loaded.record("gemm_bias_relu"), resolve("cuda:sm_90", fleet))
+    assert served.origin == "cache" and served.key == entry["key"]
+    assert {(p.version, p.target) for p in codeobject.inspect(served.data).ptx} == {("7.8", "sm_90")}
 
 
 def test_prebuilt_native_code_is_used_on_an_exact_match(gpu_bundle, tmp_path, capsys, store, rng):

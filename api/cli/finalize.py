@@ -63,10 +63,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
                 }
             )
     keys = [r["key"] for r in rows if r["ok"]]
-    exported = None
-    if transfer is not None:
-        transfer.export(store, args.export, keys=keys)
-        exported = str(args.export)
+    exported = transfer.export(store, args.export, keys=keys).to_dict() if transfer is not None else None
     data = {"bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
 
     def render(out):
@@ -76,7 +73,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
         ]
         out.print(table(f"finalised into {store.directory}", ["kernel", "target", "origin", "size", "code"], shown))
         if exported:
-            out.print(f"exported {len(keys)} entries to {exported}")
+            out.print(f"exported {exported['entries']} entries ({human_size(exported['bytes'])}) to {exported['path']}")
 
     return Report(data, render, status=0 if all(r["ok"] for r in rows) else 1)
 

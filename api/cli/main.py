@@ -17,6 +17,7 @@ COMMANDS = (
     "portkern.cli.build",
     "portkern.cli.run",
     "portkern.cli.devices",
+    "portkern.cli.cache",
     "portkern.cli.demo",
     "portkern.cli.finalize",
 )
