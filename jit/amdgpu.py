@@ -24,6 +24,8 @@ from portkern.jit.target import Probe, Target
 KIND = "amdgpu"
 NAME = "AMD GPU"
 DRIVER = "hip"
+#: The processors IREE 3.13's rocm target accepts (others LLVM knows are refused by IREE, cleanly).
+IREE_ARCHS = ("gfx908", "gfx90a", "gfx942", "gfx950", "gfx1100", "gfx1101", "gfx1103", "gfx1150", "gfx1151", "gfx1200", "gfx1201")
 #: Target features a target id may set, in the order LLVM requires.
 FEATURES = ("sramecc", "xnack")
 _TARGET_ID = re.compile(r"(gfx[0-9a-f]{3,4})((?::[a-z]{1,16}[+-]){0,4})")
@@ -35,7 +37,7 @@ def canonical(text: str) -> str:
     if match is None or match.group(1) not in AMDGPU_PROCESSORS:
         raise DeviceError(
             f"{text!r} is not an AMD GPU arch: expected a target id such as gfx942 or gfx90a:xnack- "
-            f"(processors: {', '.join(sorted(AMDGPU_PROCESSORS))})"
+            f"(IREE targets {', '.join(IREE_ARCHS)})"
         )
     features: dict[str, str] = {}
     for part in filter(None, match.group(2).split(":")):

@@ -21,8 +21,9 @@ ELFDATA2LSB = 1
 SHT_NOTE = 7
 SHT_NOBITS = 8
 
-#: Limits: images scanned per blob, sections per image, notes per section.
+#: Limits: images kept and magic numbers tried per blob, sections per image, notes per section.
 MAX_IMAGES = 256
+MAX_CANDIDATES = 4096
 MAX_SECTIONS = 4096
 MAX_NOTES = 1024
 
@@ -122,7 +123,9 @@ def find(data: bytes) -> list[Image]:
     """Every well-formed ELF64 little-endian image embedded in `data`, in order."""
     images: list[Image] = []
     pos = 0
-    while len(images) < MAX_IMAGES:
+    for _ in range(MAX_CANDIDATES):
+        if len(images) >= MAX_IMAGES:
+            break
         start = data.find(MAGIC, pos)
         if start < 0:
             break

@@ -134,3 +134,12 @@ def test_benchmark_times_the_same_function_that_computes(gpu_bundle, store, rng)
     seconds = kernel._executable.benchmark(*inputs, warmup=1, repeat=4)
     assert isinstance(seconds, float) and 0 < seconds < 60
     assert np.isfinite(seconds)
+
+
+def test_every_listed_arch_has_a_real_target():
+    """The arch lists in the backends match what this IREE describes (or what portkern writes for it)."""
+    for arch in amdgpu.IREE_ARCHS:
+        assert f'arch = "{arch}"' in amdgpu.executable_target(arch)
+    for arch in cuda.IREE_ARCHS + tuple(cuda.DERIVED):
+        text = cuda.executable_target(arch)
+        assert f'arch = "{arch}"' in text and "iree_codegen.target_info" in text
