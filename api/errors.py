@@ -83,6 +83,10 @@ class FinalizeError(CompileError):
     """Compiling a portable stage to native code failed on the device."""
 
 
+class CodeObjectError(FinalizeError):
+    """Native code does not hold device code for the GPU it is meant for."""
+
+
 class ArgumentTypeError(PortkernError, TypeError):
     """A kernel was called with the wrong number or dtype of arguments."""
 

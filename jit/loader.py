@@ -11,11 +11,13 @@ from typing import Iterator
 import numpy as np
 
 from portkern.cache.device import DeviceFingerprint
-from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, tuning_key
+from portkern import schemas
+from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
 from portkern.cache.store import CacheWarning, Entry, Store, default_store
 from portkern.errors import DeviceError, KernelRuntimeError, TuningError
 from portkern.jit import devices
 from portkern.jit.args import check_arguments
+from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, read_bundle
 from portkern.portable.launch import launch_of
@@ -40,13 +42,23 @@ class Native:
 
 def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     """Open and check a bundle; nothing is compiled until a kernel is asked for."""
-    bundle = read_bundle(path)
+    store = store if store is not None else default_store()
+    schema = schemas.digest("bundle")
+    seen: list[bool] = []
+
+    def validated(digest: str) -> bool:
+        seen.append(store.get_record("v", validated_key(digest, schema)) is not None)
+        return seen[-1]
+
+    bundle = read_bundle(path, validated)
     for record in bundle.kernels:
         if opencl_native(record):
             launch_of(record)
         for stage in record.stages:
             if stage.format == "mlir-bytecode":
                 check_release(stage.producer, record.name)
+    if not any(seen):
+        store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
     return LoadedBundle(bundle, Path(path), store)
 
 
@@ -62,6 +74,13 @@ def opencl_native(record: KernelRecord):
     return None
 
 
+def check_toolchain(record: KernelRecord, target: Target) -> None:
+    """Refuse an OpenCL kernel on an IREE device and an IREE kernel on an OpenCL device."""
+    if bool(opencl_native(record)) != (target.driver == "opencl"):
+        wanted = "an OpenCL device (device='opencl')" if opencl_native(record) else "an IREE device such as 'cpu'"
+        raise DeviceError(f"{record.name!r} ({record.kind} kernel) runs on {wanted}, not on {target.label}")
+
+
 def compiler_id(record: KernelRecord) -> str:
     """The toolchain that turns this kernel into native code (part of every cache key)."""
     if opencl_native(record):
@@ -70,10 +89,10 @@ def compiler_id(record: KernelRecord) -> str:
     return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
 
 
-def selection_key(record: KernelRecord, target: Target) -> str:
-    """Key of the config chosen for a kernel on a device (written by the tuner)."""
+def selection_problem(record: KernelRecord, target: Target) -> str:
+    """The tuning problem "which config for this whole kernel" (the tuner stores its answer)."""
     stage = record.stage(target.family)
-    return tuning_key(f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}", target.fingerprint, compiler_id(record))
+    return f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}"
 
 
 class LoadedBundle:
@@ -118,9 +137,7 @@ class LoadedBundle:
                 f"cannot run {name!r} on {target.label} here: {target.reason} "
                 f"(use `portkern finalize --target {target.label}` to build for it ahead of time)"
             )
-        if bool(opencl_native(record)) != (target.driver == "opencl"):
-            wanted = "an OpenCL device (device='opencl')" if opencl_native(record) else "an IREE device such as 'cpu'"
-            raise DeviceError(f"{name!r} ({record.kind} kernel) runs on {wanted}, not on {target.label}")
+        check_toolchain(record, target)
         if opencl_native(record) and tune not in NO_SEARCH:
             raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
         config = self.config_for(record, target, tune)
@@ -140,7 +157,7 @@ class LoadedBundle:
         """The perf config to use: stored selection, default, or a fresh tuning result."""
         if tune in NO_SEARCH:
             if tune is None:
-                chosen = self.store.get_record("t", selection_key(record, target))
+                chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
                 if chosen and isinstance(chosen.get("config"), str):
                     return chosen["config"]
             return DEFAULT_CONFIG
@@ -149,30 +166,31 @@ class LoadedBundle:
         return tune_kernel(self, record, target, strategy=tune).config
 
     def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
-        stage, flags = self._stage(record, target)
+        stage, identity = self._stage(record, target)
         return artifact_key(
             kernel_digest(record.kind, record.entry, stage.blob),
             target.fingerprint,
             compiler_id(record),
             config,
-            flags,
+            identity,
         )
 
     def _stage(self, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
-        """The stage finalised for a target and the flags that change its native code."""
+        """The stage finalised for a target, and what besides it selects the native code."""
+        check_toolchain(record, target)
         if opencl_native(record):
             plan = opencl_native(record).plan(self.bundle, record, target)
             return plan.stage, plan.key_flags
-        return record.stage(target.family), target.flags
+        return record.stage(target.family), target.identity
 
     def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
         """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
         key = self.key(record, target, config).hex
-        hit = self.store.get(key)
+        hit = self._cached(key, target)
         if hit is not None:
             return Native(hit[0], key, config, "cache", hit[1].finalize_s)
         with self.store.lock(key):
-            hit = self.store.get(key, count=False)
+            hit = self._cached(key, target, count=False)
             if hit is not None:
                 return Native(hit[0], key, config, "cache", hit[1].finalize_s)
             prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
@@ -183,10 +201,24 @@ class LoadedBundle:
             self.store.put(key, data, self._entry(record, target, native))
             return native
 
+    def _cached(self, key: str, target: Target, count: bool = True):
+        """A cache entry, unless it is GPU code for another arch (then it is evicted)."""
+        hit = self.store.get(key, count=count)
+        problem = code_problem(hit[0], target.fingerprint) if hit is not None else None
+        if problem is not None:
+            warnings.warn(f"cache entry {key[:16]} is not code for {target.label} ({problem}); evicted", CacheWarning)
+            self.store.delete(key)
+            return None
+        return hit
+
     def _prebuilt(self, record: KernelRecord, target: Target) -> bytes | None:
         for artifact in record.native:
             if DeviceFingerprint.from_dict(artifact.device) == target.fingerprint:
-                return self.bundle.blob(artifact.blob)
+                data = self.bundle.blob(artifact.blob)
+                problem = code_problem(data, target.fingerprint)
+                if problem is None:
+                    return data
+                warnings.warn(f"prebuilt {artifact.target} code of {record.name!r} ignored: {problem}")
         return None
 
     def _compile(self, record: KernelRecord, target: Target, config: str) -> bytes:
@@ -208,7 +240,7 @@ class LoadedBundle:
         return Executable(native.data, record.entry, target.driver)
 
     def _entry(self, record: KernelRecord, target: Target, native: Native) -> Entry:
-        stage, flags = self._stage(record, target)
+        stage, identity = self._stage(record, target)
         return Entry(
             key=native.key,
             kernel=record.name,
@@ -221,7 +253,7 @@ class LoadedBundle:
             size=len(native.data),
             sha256="",
             compiler=compiler_id(record),
-            flags=list(flags),
+            flags=list(identity),
             kernel_digest=kernel_digest(record.kind, record.entry, stage.blob),
             finalize_s=native.finalize_s,
         )

@@ -38,10 +38,11 @@ _contexts: dict[int, tuple[Any, Any]] = {}
 
 @dataclass(frozen=True)
 class Found:
-    """An OpenCL device and its fingerprint."""
+    """An OpenCL device, its fingerprint and facts about it that do not change code."""
 
     fingerprint: DeviceFingerprint
     device: Any
+    details: dict[str, Any]
 
 
 def pyopencl():
@@ -81,7 +82,7 @@ def scan() -> tuple[tuple[Found, ...], str]:
             devices = platform.get_devices()
         except cl.Error:
             continue
-        found += [Found(fingerprint(device), device) for device in devices]
+        found += [Found(fingerprint(device), device, details(device)) for device in devices]
     if not found:
         return (), f"OpenCL platforms ({', '.join(p.name for p in platforms)}) have no devices"
     return tuple(found), ""
@@ -100,9 +101,6 @@ def fingerprint(device) -> DeviceFingerprint:
         "vendor": device.vendor,
         "vendor_id": f"{device.vendor_id:#x}",
         "type": next((name for name in ("GPU", "ACCELERATOR", "CPU") if device.type & getattr(cl.device_type, name)), "OTHER"),
-        "compute_units": device.max_compute_units,
-        "max_work_group_size": device.max_work_group_size,
-        "local_mem_size": device.local_mem_size,
         "il_versions": ",".join(f"{major}.{minor}" for major, minor in il_versions(device)),
         "spir": "1.2" if "cl_khr_spir" in extensions else "",
         "subgroups": "1" if _has_subgroups(device, extensions) else "0",
@@ -110,6 +108,17 @@ def fingerprint(device) -> DeviceFingerprint:
     }
     arch = re.sub(r"[^A-Za-z0-9_.+-]+", "-", device.name).strip("-")[:128] or "device"
     return DeviceFingerprint(KIND, arch, ",".join(extensions), tuple(sorted((k, str(v)) for k, v in properties.items())))
+
+
+def details(device) -> dict[str, Any]:
+    """What `portkern devices` shows besides the fingerprint."""
+    return {
+        "name": device.name,
+        "compute_units": device.max_compute_units,
+        "max_work_group_size": device.max_work_group_size,
+        "local_mem_size": device.local_mem_size,
+        "global_mem_size": device.global_mem_size,
+    }
 
 
 def il_versions(device) -> tuple[tuple[int, int], ...]:
@@ -142,7 +151,7 @@ def _info(device, name: str):
 
 def probe(store: Store | None = None) -> Probe:
     found, reason = scan()
-    return Probe(KIND, tuple(f.fingerprint for f in found), reason)
+    return Probe(KIND, tuple(f.fingerprint for f in found), reason, tuple(f.details for f in found))
 
 
 def select(arch: str | None) -> Found:

@@ -58,3 +58,41 @@ def store(tmp_path) -> Store:
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
+
+
+GPU_MANIFEST = """bundle: gpu
+targets: [cpu, amdgpu, cuda]
+kernels:
+  - name: gemm_bias_relu
+    source: {source}
+"""
+
+
+@pytest.fixture(scope="session")
+def gpu_bundle(tmp_path_factory) -> Path:
+    """One example kernel built with AMD and NVIDIA placeholder stages, once per session."""
+    from portkern.examples import MANIFEST
+    from portkern.portable.builder import build_file
+
+    where = tmp_path_factory.mktemp("gpu-bundle")
+    (where / "manifest.yaml").write_text(GPU_MANIFEST.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
+    build_file(where / "manifest.yaml", where / "gpu.pkb")
+    return where / "gpu.pkb"
+
+
+@pytest.fixture(scope="session")
+def gpu_native(gpu_bundle):
+    """`gpu_native(spec)`: the GPU bundle's kernel finalised for a device spec (memoised per session)."""
+    from portkern.jit.devices import resolve
+    from portkern.jit.finalize import finalize
+    from portkern.portable.bundle import read_bundle
+
+    bundle = read_bundle(gpu_bundle)
+    done: dict[str, bytes] = {}
+
+    def native(spec: str) -> bytes:
+        if spec not in done:
+            done[spec] = finalize(bundle, bundle.kernel("gemm_bias_relu"), resolve(spec))
+        return done[spec]
+
+    return native

@@ -84,6 +84,18 @@ def test_binary_that_does_not_load_is_rebuilt(opencl_examples_bundle, store, rng
     assert_matches(rebuilt(*inputs), EXAMPLES["vadd"].reference(*inputs), 0.0, 0.0)
 
 
+def test_exported_binary_gives_a_warm_start_on_another_cache(loaded, opencl_examples_bundle, store, tmp_path, rng):
+    from portkern.cache import transfer
+
+    key = loaded.kernel("softmax_rows", device="opencl").native.key
+    assert transfer.export(loaded.store, tmp_path / "fleet.pkx", keys=[key]).entries == 1
+    assert transfer.import_(store, tmp_path / "fleet.pkx").entries == 1
+    warm = portkern.load(opencl_examples_bundle, store=store).kernel("softmax_rows", device="opencl")
+    assert warm.origin == "cache" and warm.native.key == key
+    inputs = EXAMPLES["softmax_rows"].inputs(rng)
+    assert_matches(warm(*inputs), EXAMPLES["softmax_rows"].reference(*inputs), EXAMPLES["softmax_rows"].rtol, EXAMPLES["softmax_rows"].atol)
+
+
 def test_bad_calls_fail_before_anything_runs(loaded):
     mm = loaded.kernel("matmul_tiled", device="opencl")
     a, b = np.ones((20, 8), np.float32), np.ones((8, 33), np.float32)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from portkern.cli.common import Report, add_cache_dir, add_json, human_size, store_from, table
+from portkern.cli.common import Report, add_cache_dir, add_json, store_from
 
 
 def register(sub) -> None:
@@ -60,8 +60,9 @@ def run_demo(args: argparse.Namespace) -> Report:
     }
 
     def render(out):
-        rows = [[e.key[:12], e.kernel, e.device_label, e.config, human_size(e.size), e.hits] for e in entries]
-        out.print(table(f"cache {store.directory}", ["key", "kernel", "device", "config", "size", "hits"], rows))
+        from portkern.cli.cache import entries_table
+
+        out.print(entries_table(f"`portkern cache ls` for these bundles ({store.directory})", entries))
         verdict = "all kernels match NumPy" if data["ok"] else "SOME KERNELS DO NOT MATCH NumPy"
         skipped = f" (OpenCL examples skipped: {opencl['skipped']})" if opencl["skipped"] else ""
         out.print(f"{len(results)} kernels, {verdict}{skipped}")
