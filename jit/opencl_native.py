@@ -127,26 +127,38 @@ def finalize(bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
     return bytes(binary)
 
 
+@dataclass(frozen=True)
+class Scratch:
+    """Symbol values for a finalising launch, the input shapes and the global size they give."""
+
+    symbols: dict[str, int]
+    shapes: list[tuple[int, ...]]
+    global_size: tuple[int, ...]
+
+
 def scratch_shapes(launch: Launch, variant: Variant) -> list[list[tuple[int, ...]]]:
     """Input shapes for the finalising launches: a small grid, then a wide one where the
-    launch description allows it (none when no small shape satisfies it)."""
+    launch description allows it. None when no small shape satisfies it (for instance
+    when input shapes refer to other inputs' shapes); the driver then compiles at the
+    first call instead."""
     symbols = sorted(launch.symbols)
-    small = next((v for v in (dict.fromkeys(symbols, s) for s in SCRATCH_SIZES) if _scratch(launch, variant, v)), None)
+    candidates = (_scratch(launch, variant, dict.fromkeys(symbols, size)) for size in SCRATCH_SIZES)
+    small = next(filter(None, candidates), None)
     if small is None:
         return []
-    found = [_scratch(launch, variant, small)]
-    if max(found[0][1]) < WIDE_GRID:
+    found = [small]
+    if max(small.global_size) < WIDE_GRID:
         for name in symbols:
-            wide = (_scratch(launch, variant, {**small, name: 1 << bits}) for bits in range(5, 25))
-            hit = next((w for w in wide if w and max(w[1]) >= WIDE_GRID), None)
-            if hit:
-                found.append(hit)
+            wider = (_scratch(launch, variant, {**small.symbols, name: 1 << bits}) for bits in range(5, 25))
+            wide = next((w for w in wider if w and max(w.global_size) >= WIDE_GRID), None)
+            if wide:
+                found.append(wide)
                 break
-    return [shapes for shapes, _ in found]
+    return [item.shapes for item in found]
 
 
-def _scratch(launch: Launch, variant: Variant, symbols: dict[str, int]):
-    """(input shapes, global size) for symbol values the launch accepts within the memory bound, else None."""
+def _scratch(launch: Launch, variant: Variant, symbols: dict[str, int]) -> Scratch | None:
+    """The launch for these symbol values, if the description accepts them and it fits the memory bound."""
     try:
         shapes = [tuple(d.evaluate(symbols, {}) for d in arg.shape) for arg in launch.inputs]
         views = [np.broadcast_to(np.zeros((), arg.dtype), shape) for shape, arg in zip(shapes, launch.inputs)]
@@ -154,11 +166,10 @@ def _scratch(launch: Launch, variant: Variant, symbols: dict[str, int]):
     except (PortkernError, ValueError):
         return None
     total = sum(v.nbytes for v in views)
-    total += sum(math.prod(shape) * np.dtype(launch_arg.dtype).itemsize for launch_arg in launch.outputs
-                 if (shape := bound.shapes.get(launch_arg.name)) is not None)  # fmt: skip
+    total += sum(math.prod(shape) * np.dtype(arg.dtype).itemsize for arg in launch.outputs if (shape := bound.shapes.get(arg.name)))
     if not all(bound.global_size) or total > MAX_SCRATCH_BYTES:
         return None
-    return shapes, bound.global_size
+    return Scratch(symbols, shapes, bound.global_size)
 
 
 class Executable:

@@ -96,5 +96,13 @@ def describe(bundle, path: Path) -> Report:
             f" (bytecode v{s.producer.bytecode_version})" if s.producer.bytecode_version is not None else "")
             for k in bundle.kernels for s in k.stages})
         out.print("producer: " + "; ".join(producers))
+        for k in bundle.kernels:
+            if k.launch:
+                sizes = "; ".join(
+                    ("" if v["subgroup_size"] is None else f"sub-group {v['subgroup_size']}: ")
+                    + ("x".join(map(str, v["local"])) if v["local"] else "driver's choice")
+                    for v in k.launch["variants"]
+                )
+                out.print(f"launch {k.name}: global ({', '.join(k.launch['global'])}), local {sizes}")
 
     return Report(data, render)
