@@ -10,8 +10,8 @@ from typing import Iterator
 
 import numpy as np
 
-from portkern.cache.device import DeviceFingerprint
 from portkern import schemas
+from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
 from portkern.cache.store import CacheWarning, Entry, Store, default_store
 from portkern.errors import DeviceError, KernelRuntimeError, TuningError
@@ -21,7 +21,8 @@ from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, read_bundle
 from portkern.portable.launch import launch_of
-from portkern.portable.producer import check_release, installed_compiler, installed_runtime
+from portkern.jit.toolchain import OPENCL, toolchain_for
+from portkern.portable.producer import check_release
 
 DEFAULT_CONFIG = "default"
 #: `tune=` values that never search.
@@ -52,7 +53,7 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
 
     bundle = read_bundle(path, validated)
     for record in bundle.kernels:
-        if opencl_native(record):
+        if toolchain_for(record) is OPENCL:
             launch_of(record)
         for stage in record.stages:
             if stage.format == "mlir-bytecode":
@@ -62,31 +63,16 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     return LoadedBundle(bundle, Path(path), store)
 
 
-def opencl_native(record: KernelRecord):
-    """The OpenCL finaliser for kernels whose stages are SPIR-V; None for IREE (MLIR) kernels.
-
-    This is the one place where the loader tells the two toolchains apart.
-    """
-    if any(stage.format == "spirv" for stage in record.stages):
-        from portkern.jit import opencl_native as module
-
-        return module
-    return None
-
-
 def check_toolchain(record: KernelRecord, target: Target) -> None:
     """Refuse an OpenCL kernel on an IREE device and an IREE kernel on an OpenCL device."""
-    if bool(opencl_native(record)) != (target.driver == "opencl"):
-        wanted = "an OpenCL device (device='opencl')" if opencl_native(record) else "an IREE device such as 'cpu'"
+    if not toolchain_for(record).accepts(target):
+        wanted = "an OpenCL device (device='opencl')" if toolchain_for(record) is OPENCL else "an IREE device such as 'cpu'"
         raise DeviceError(f"{record.name!r} ({record.kind} kernel) runs on {wanted}, not on {target.label}")
 
 
 def compiler_id(record: KernelRecord) -> str:
     """The toolchain that turns this kernel into native code (part of every cache key)."""
-    if opencl_native(record):
-        return opencl_native(record).compiler_id()
-    compiler, runtime = installed_compiler(), installed_runtime()
-    return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
+    return toolchain_for(record).compiler_id()
 
 
 def selection_problem(record: KernelRecord, target: Target) -> str:
@@ -138,7 +124,7 @@ class LoadedBundle:
                 f"(use `portkern finalize --target {target.label}` to build for it ahead of time)"
             )
         check_toolchain(record, target)
-        if opencl_native(record) and tune not in NO_SEARCH:
+        if not toolchain_for(record).tunable and tune not in NO_SEARCH:
             raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
         config = self.config_for(record, target, tune)
         native = self.native(record, target, config)
@@ -178,10 +164,7 @@ class LoadedBundle:
     def _stage(self, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
         """The stage finalised for a target, and what besides it selects the native code."""
         check_toolchain(record, target)
-        if opencl_native(record):
-            plan = opencl_native(record).plan(self.bundle, record, target)
-            return plan.stage, plan.key_flags
-        return record.stage(target.family), target.identity
+        return toolchain_for(record).stage(self.bundle, record, target)
 
     def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
         """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
@@ -226,18 +209,10 @@ class LoadedBundle:
             from portkern.tuner.session import compile_config
 
             return compile_config(self.bundle, record, target, config)
-        if opencl_native(record):
-            return opencl_native(record).finalize(self.bundle, record, target)
-        from portkern.jit.finalize import finalize
-
-        return finalize(self.bundle, record, target)
+        return toolchain_for(record).finalize(self.bundle, record, target)
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
-        if opencl_native(record):
-            return opencl_native(record).Executable(native.data, record, target)
-        from portkern.jit.runtime import Executable
-
-        return Executable(native.data, record.entry, target.driver)
+        return toolchain_for(record).executable(native.data, record, target)
 
     def _entry(self, record: KernelRecord, target: Target, native: Native) -> Entry:
         stage, identity = self._stage(record, target)
@@ -249,7 +224,7 @@ class LoadedBundle:
             device=target.fingerprint.to_dict(),
             device_label=target.label,
             config=native.config,
-            format=opencl_native(record).FORMAT if opencl_native(record) else "vmfb",
+            format=toolchain_for(record).format,
             size=len(native.data),
             sha256="",
             compiler=compiler_id(record),
