@@ -26,6 +26,10 @@ class BuildError(CompileError):
     """A kernel source failed to compile or import on the build host."""
 
 
+class LaunchSpecError(PortkernError, ValueError):
+    """An OpenCL kernel's launch description (arguments, sizes, expressions) is malformed."""
+
+
 # --- bundle format ----------------------------------------------------------
 
 
@@ -77,6 +81,10 @@ class DeviceError(PortkernError):
 
 class FinalizeError(CompileError):
     """Compiling a portable stage to native code failed on the device."""
+
+
+class CodeObjectError(FinalizeError):
+    """Native code does not hold device code for the GPU it is meant for."""
 
 
 class ArgumentTypeError(PortkernError, TypeError):

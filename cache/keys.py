@@ -75,3 +75,8 @@ def problem_key(description: str, runtime: str) -> str:
 def tuning_key(problem: str, device: DeviceFingerprint, compiler: str) -> str:
     """Key of the best perf config found for a problem on a device."""
     return _hash({"problem": problem, "device": device.digest(), "compiler": compiler})
+
+
+def validated_key(payload_digest: str, schema_digest: str) -> str:
+    """Key of the memo "a payload with this digest passed this schema"."""
+    return _hash({"validated": payload_digest, "schema": schema_digest})

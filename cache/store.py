@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from portkern.cache.config import CacheConfig, from_env
+from portkern.cache.device import DeviceFingerprint
+from portkern.cache.keys import tuning_key
 
 
 class CacheWarning(UserWarning):
@@ -150,8 +152,9 @@ class Store:
             if count:
                 entry.hits += 1
                 entry.last_used = time.time()
-                cache.set(f"m/{key}", entry.to_json())
-                cache.incr("s/hits", default=0)
+                with cache.transact():
+                    cache.set(f"m/{key}", entry.to_json())
+                    cache.incr("s/hits", default=0)
             return data, entry
 
         return self._guard("read", read)
@@ -217,6 +220,80 @@ class Store:
                 evicted.append(entry)
         return evicted
 
+    def verify(self) -> list[tuple[Entry | None, str, str]]:
+        """Re-hash every artifact; evict and return (entry, key, problem) for each bad one."""
+        bad: list[tuple[Entry | None, str, str]] = []
+        for entry in self.entries():
+            data = self.read_raw(entry.key)
+            if data is None:
+                problem = "artifact missing"
+            elif len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+                problem = "artifact does not match its sha256"
+            else:
+                continue
+            self.delete(entry.key)
+            bad.append((entry, entry.key, problem))
+        for key in self._orphans():
+            self._guard("delete", lambda cache, key=key: cache.delete(f"a/{key}"))
+            bad.append((None, key, "artifact without metadata"))
+        return bad
+
+    def _orphans(self) -> list[str]:
+        def scan(cache):
+            names = [k for k in cache.iterkeys() if isinstance(k, str)]
+            meta = {k[2:] for k in names if k.startswith("m/")}
+            return [k[2:] for k in names if k.startswith("a/") and k[2:] not in meta]
+
+        return self._guard("scan", scan, [])
+
+    def prune(self, max_size: int | None = None, older_than: float | None = None) -> list[Entry]:
+        """Evict entries unused for `older_than` seconds, then LRU down to `max_size` bytes."""
+        evicted = []
+        if older_than is not None:
+            cutoff = time.time() - older_than
+            evicted += [e for e in self.entries() if e.last_used < cutoff and self.delete(e.key)]
+        if max_size is not None:
+            evicted += self.enforce_budget(max_size)
+        return evicted
+
+    def clear(self, device: str | None = None) -> int:
+        """Remove everything, or only the artifacts and tuning results of one device.
+
+        `device` is a label ("cpu:znver5") or a prefix of a fingerprint digest.
+        """
+        if device is None:
+            count = len(self.entries())
+            self._guard("clear", lambda cache: cache.clear())
+            return count
+        count = 0
+        for entry in self.entries():
+            if matches_device(entry.device, device) and self.delete(entry.key):
+                count += 1
+        for key, record in list(self.records("t")):
+            if isinstance(record.get("device"), dict) and matches_device(record["device"], device):
+                self.delete_record("t", key)
+        return count
+
+    def stats(self) -> dict[str, Any]:
+        """Entries, bytes and hits overall and per device, and the hit/miss counters."""
+        entries = self.entries()
+        per_device: dict[str, dict[str, int]] = {}
+        for e in entries:
+            d = per_device.setdefault(e.device_label, {"entries": 0, "bytes": 0, "hits": 0})
+            d["entries"] += 1
+            d["bytes"] += e.size
+            d["hits"] += e.hits
+        return {
+            "directory": str(self.directory),
+            "enabled": self.enabled,
+            "entries": len(entries),
+            "bytes": sum(e.size for e in entries),
+            "max_size": self.config.max_size,
+            "tuning_results": sum(1 for _ in self.records("t")),
+            **self.counters(),
+            "devices": per_device,
+        }
+
     # --- small JSON records: tuning results, device probes ------------------
 
     def get_record(self, kind: str, key: str) -> dict | None:
@@ -244,6 +321,15 @@ class Store:
     def delete_record(self, kind: str, key: str) -> bool:
         return bool(self._guard("delete", lambda cache: cache.delete(f"{kind}/{key}"), False))
 
+    def get_tuning(self, problem: str, device: DeviceFingerprint, compiler: str) -> dict | None:
+        """The stored tuning result for a problem on a device, if any."""
+        return self.get_record("t", tuning_key(problem, device, compiler))
+
+    def put_tuning(self, problem: str, device: DeviceFingerprint, compiler: str, result: dict) -> bool:
+        """Store a tuning result together with the parts of its key (so imports can check it)."""
+        record = {**result, "problem": problem, "device": device.to_dict(), "compiler": compiler}
+        return self.put_record("t", tuning_key(problem, device, compiler), record)
+
     # --- counters and locks -------------------------------------------------
 
     def counters(self) -> dict[str, int]:
@@ -265,6 +351,12 @@ class Store:
         except Exception as exc:  # noqa: BLE001
             self._fail("lock", exc)
             return nullcontext()
+
+
+def matches_device(device: dict[str, Any], wanted: str) -> bool:
+    """Whether a fingerprint (as plain data) is the device a user named by label or digest prefix."""
+    fingerprint = DeviceFingerprint.from_dict(device)
+    return wanted == fingerprint.label or (len(wanted) >= 8 and fingerprint.digest().startswith(wanted))
 
 
 @contextmanager

@@ -4,3 +4,7 @@ from pathlib import Path
 
 #: The example manifest (four fused GEMM kernels in MLIR and one ONNX model).
 MANIFEST = Path(__file__).resolve().parent / "manifest.yaml"
+
+#: The OpenCL C examples (vector add, tiled matmul, row softmax); building them
+#: needs clang-15, llvm-spirv-15 and spirv-tools, running them an OpenCL device.
+OPENCL_MANIFEST = Path(__file__).resolve().parent / "manifest_opencl.yaml"

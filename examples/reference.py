@@ -1,6 +1,7 @@
 """NumPy reference implementations and input generators for the example kernels.
 
-Each entry of EXAMPLES describes one kernel of manifest.yaml: how to build its
+Each entry of EXAMPLES describes one kernel of manifest.yaml or
+manifest_opencl.yaml (the OpenCL C kernels): how to build its
 inputs from a numpy Generator, a NumPy reference returning the list of outputs,
 and the rtol/atol a compiled (f32) kernel must meet against that reference.
 
@@ -117,6 +118,40 @@ def _mlp(x: np.ndarray) -> list[np.ndarray]:
     return [(e / e.sum(axis=-1, keepdims=True)).astype(np.float32)]
 
 
+# --- OpenCL C kernels (manifest_opencl.yaml) ---------------------------------
+# Sizes that are not multiples of the work-group sizes exercise the bounds checks.
+
+VADD_N = 100_003
+MM_M, MM_K, MM_N = 200, 300, 136
+SOFTMAX_ROWS, SOFTMAX_COLS = 300, 1000
+
+
+def _vadd_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return [_uniform(rng, (VADD_N,)), _uniform(rng, (VADD_N,))]
+
+
+def _vadd(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    return [a + b]  # one float32 addition per element: the kernel must match exactly
+
+
+def _matmul_tiled_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return [_uniform(rng, (MM_M, MM_K), np.sqrt(3.0 / MM_K)), _uniform(rng, (MM_K, MM_N), np.sqrt(3.0))]
+
+
+def _matmul_tiled(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
+    return [_matmul(a, b).astype(np.float32)]
+
+
+def _softmax_rows_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return [_uniform(rng, (SOFTMAX_ROWS, SOFTMAX_COLS), 8.0)]
+
+
+def _softmax_rows(x: np.ndarray) -> list[np.ndarray]:
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return [(e / e.sum(axis=1, keepdims=True)).astype(np.float32)]
+
+
 EXAMPLES: dict[str, Example] = {
     ex.name: ex
     for ex in [
@@ -128,5 +163,9 @@ EXAMPLES: dict[str, Example] = {
         Example("gemm_transpose_add", _gemm_transpose_add_inputs, _gemm_transpose_add,
                 rtol=1e-4, atol=1e-5),
         Example("mlp", _mlp_inputs, _mlp, rtol=1e-5, atol=1e-6),
+        Example("vadd", _vadd_inputs, _vadd, rtol=0.0, atol=0.0),
+        Example("matmul_tiled", _matmul_tiled_inputs, _matmul_tiled, rtol=1e-4, atol=1e-5),
+        # Probabilities are ~1e-3 on average and up to ~0.5; exp in f32 is good to a few ulp.
+        Example("softmax_rows", _softmax_rows_inputs, _softmax_rows, rtol=1e-5, atol=1e-8),
     ]
 }

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from portkern.errors import ArgumentShapeError, ArgumentTypeError
+from portkern.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
 from portkern.portable.bundle import Signature
+from portkern.portable.expr import Expr
+from portkern.portable.launch import Launch
 
 
 def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:
@@ -37,3 +40,77 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
             raise ArgumentShapeError(f"{kernel}() argument {index} must have shape {wanted}, got {got}")
         arrays.append(np.ascontiguousarray(array))
     return arrays
+
+
+@dataclass(frozen=True)
+class BoundLaunch:
+    """A launch description bound to the caller's arrays."""
+
+    #: Symbol values read from the input shapes.
+    symbols: dict[str, int]
+    #: Result shapes, by argument name.
+    shapes: dict[str, tuple[int, ...]]
+    #: Scalar values computed from shapes, by argument name.
+    scalars: dict[str, np.generic]
+    global_size: tuple[int, ...]
+
+
+def bind_launch(kernel: str, launch: Launch, local: Sequence[int] | None, arrays: Sequence[np.ndarray]) -> BoundLaunch:
+    """Bind an OpenCL launch description to checked input arrays, or refuse them.
+
+    Every input dimension must match its expression, every `requires`
+    condition must hold and the global size must be a whole number of
+    work-groups; otherwise an ArgumentShapeError names the values involved.
+    """
+    inputs = dict(zip((a.name for a in launch.inputs), arrays))
+    shapes = {arg.name: inputs[arg.name].shape for arg in launch.inputs if arg.is_buffer}
+    symbols: dict[str, int] = {}
+    for arg in launch.inputs:
+        for axis, dim in enumerate(arg.shape):
+            if dim.is_symbol:
+                symbols.setdefault(dim.text, int(shapes[arg.name][axis]))
+
+    def value(item: Expr, what: str) -> int:
+        try:
+            return item.evaluate(symbols, shapes)
+        except LaunchSpecError as exc:
+            raise ArgumentShapeError(f"{kernel}(): {what}: {exc} ({_values(symbols)})") from None
+
+    for index, arg in enumerate(launch.inputs):
+        if arg.is_buffer and tuple(value(d, f"{arg.name}.shape") for d in arg.shape) != shapes[arg.name]:
+            wanted = "x".join(d.text for d in arg.shape)
+            got = "x".join(map(str, shapes[arg.name]))
+            raise ArgumentShapeError(f"{kernel}() argument {index} ({arg.name}) must have shape {wanted}, got {got} ({_values(symbols)})")
+    for condition in launch.requires:
+        if not value(condition, "requires"):
+            raise ArgumentShapeError(f"{kernel}() arguments break `{condition}` ({_values(symbols)})")
+    results = {}
+    for arg in launch.outputs:
+        if arg.role == "out":
+            results[arg.name] = tuple(value(d, f"shape of {arg.name}") for d in arg.shape)
+            if any(d < 0 for d in results[arg.name]):
+                raise ArgumentShapeError(f"{kernel}(): result {arg.name} would have shape {results[arg.name]} ({_values(symbols)})")
+    scalars = {a.name: _scalar(kernel, a.name, a.dtype, value(a.value, a.name)) for a in launch.args if a.value is not None}
+    global_size = tuple(value(g, "global size") for g in launch.global_size)
+    if any(g < 0 for g in global_size):
+        raise ArgumentShapeError(f"{kernel}(): negative global size {global_size} ({_values(symbols)})")
+    if local is not None and any(g % l for g, l in zip(global_size, local)):
+        raise ArgumentShapeError(
+            f"{kernel}(): global size {global_size} is not a whole number of work-groups of {tuple(local)} ({_values(symbols)})"
+        )
+    if 0 in global_size and any(int(np.prod(s)) for s in results.values()):
+        raise ArgumentShapeError(f"{kernel}(): global size {global_size} is empty, but the results are not ({_values(symbols)})")
+    return BoundLaunch(symbols, results, scalars, global_size)
+
+
+def _scalar(kernel: str, name: str, dtype: str, value: int) -> np.generic:
+    kind = np.dtype(dtype)
+    if kind.kind in "iu":
+        info = np.iinfo(kind)
+        if not info.min <= value <= info.max:
+            raise ArgumentShapeError(f"{kernel}(): argument {name} = {value} does not fit {dtype}")
+    return kind.type(value)
+
+
+def _values(symbols: dict[str, int]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in sorted(symbols.items())) or "no symbols"

@@ -124,11 +124,21 @@ def _host_triple() -> str:
     return f"{arch}-unknown-{system}-gnu" if system == "linux" else f"{arch}-unknown-{system}"
 
 
+def enabled_features(features: str) -> set[str]:
+    """Features a "+a,-b,..." string leaves on; a later mention overrides an earlier one, as in LLVM."""
+    state: dict[str, bool] = {}
+    for item in features.split(","):
+        item = item.strip()
+        if item[:1] in "+-" and len(item) > 1:
+            state[item[1:]] = item[0] == "+"
+    return {name for name, on in state.items() if on}
+
+
 def can_run(code: DeviceFingerprint, host_cpu: DeviceFingerprint) -> bool:
     """Whether code built for `code` only uses features the host CPU has."""
-    needed = {f[1:] for f in code.features.split(",") if f.startswith("+")}
-    have = {f[1:] for f in host_cpu.features.split(",") if f.startswith("+")}
-    return needed <= have and code.property("triple") == host_cpu.property("triple")
+    return enabled_features(code.features) <= enabled_features(host_cpu.features) and code.property(
+        "triple"
+    ) == host_cpu.property("triple")
 
 
 def probe(store: Store | None = None) -> Probe:

@@ -1,7 +1,9 @@
 """Finalisation: a bundle's portable MLIR stage to native code for one target.
 
-Each stage is parsed once per process (per target compiler) and cloned for
-every compilation, so tuning many configs never re-reads the bytecode.
+Each stage is parsed once per process (per target), fitted to the target (a
+GPU target's attribute replaces a family stage's placeholder), and cloned for
+every compilation, so tuning many configs never re-reads the bytecode. GPU
+code is checked to be for the target's arch before it leaves `finish`.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import threading
 
 from portkern.errors import CompileError, FinalizeError
+from portkern.jit import codeobject
+from portkern.jit.gpu import fit
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord
 from portkern.portable.compiler import Compiler
@@ -19,7 +23,7 @@ CONFIGURED_PHASE = "executable-configurations"
 
 _lock = threading.Lock()
 _compilers: dict[tuple[str, ...], Compiler] = {}
-_parsed: dict[tuple[tuple[str, ...], str], object] = {}
+_parsed: dict[tuple[tuple[str, ...], str], object] = {}  # (target identity, stage blob) -> module
 
 
 def compiler_for(target: Target) -> Compiler:
@@ -41,7 +45,7 @@ def stage_module(bundle: Bundle, record: KernelRecord, target: Target):
     check_release(stage.producer, record.name)
     check_bytecode(stage.producer, record.name)
     compiler = compiler_for(target)
-    key = (target.flags, stage.blob)
+    key = (target.identity, stage.blob)
     with _lock:
         module = _parsed.get(key)
     if module is None:
@@ -49,6 +53,7 @@ def stage_module(bundle: Bundle, record: KernelRecord, target: Target):
             module = compiler.parse(bundle.blob(stage.blob), name=record.name)
         except CompileError as exc:
             raise FinalizeError(str(exc)) from None
+        fit(module, stage, target)
         with _lock:
             _parsed[key] = module
     return module, stage
@@ -72,7 +77,9 @@ def configure(bundle: Bundle, record: KernelRecord, target: Target):
 def finish(target: Target, module, from_phase: str, name: str) -> bytes:
     """A copy of `module`, compiled from `from_phase` to native code for `target`."""
     try:
-        return compiler_for(target).to_vmfb(module, from_phase=from_phase, name=name)
+        native = compiler_for(target).to_vmfb(module, from_phase=from_phase, name=name)
     except CompileError as exc:
         raise FinalizeError(f"{target.label}: {exc}") from None
+    codeobject.check(native, target.fingerprint)
+    return native
 

@@ -3,21 +3,26 @@
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
+from portkern import schemas
 from portkern.cache.device import DeviceFingerprint
-from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, tuning_key
-from portkern.cache.store import Entry, Store, default_store
-from portkern.errors import DeviceError
+from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
+from portkern.cache.store import CacheWarning, Entry, Store, default_store
+from portkern.errors import DeviceError, KernelRuntimeError, TuningError
 from portkern.jit import devices
 from portkern.jit.args import check_arguments
+from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
-from portkern.portable.bundle import Bundle, KernelRecord, Signature, read_bundle
-from portkern.portable.producer import check_release, installed_compiler, installed_runtime
+from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, read_bundle
+from portkern.portable.launch import launch_of
+from portkern.jit.toolchain import OPENCL, toolchain_for
+from portkern.portable.producer import check_release
 
 DEFAULT_CONFIG = "default"
 #: `tune=` values that never search.
@@ -38,24 +43,42 @@ class Native:
 
 def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     """Open and check a bundle; nothing is compiled until a kernel is asked for."""
-    bundle = read_bundle(path)
+    store = store if store is not None else default_store()
+    schema = schemas.digest("bundle")
+    seen: list[bool] = []
+
+    def validated(digest: str) -> bool:
+        seen.append(store.get_record("v", validated_key(digest, schema)) is not None)
+        return seen[-1]
+
+    bundle = read_bundle(path, validated)
     for record in bundle.kernels:
+        if toolchain_for(record) is OPENCL:
+            launch_of(record)
         for stage in record.stages:
             if stage.format == "mlir-bytecode":
                 check_release(stage.producer, record.name)
+    if not any(seen):
+        store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
     return LoadedBundle(bundle, Path(path), store)
+
+
+def check_toolchain(record: KernelRecord, target: Target) -> None:
+    """Refuse an OpenCL kernel on an IREE device and an IREE kernel on an OpenCL device."""
+    if not toolchain_for(record).accepts(target):
+        wanted = "an OpenCL device (device='opencl')" if toolchain_for(record) is OPENCL else "an IREE device such as 'cpu'"
+        raise DeviceError(f"{record.name!r} ({record.kind} kernel) runs on {wanted}, not on {target.label}")
 
 
 def compiler_id(record: KernelRecord) -> str:
     """The toolchain that turns this kernel into native code (part of every cache key)."""
-    compiler, runtime = installed_compiler(), installed_runtime()
-    return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
+    return toolchain_for(record).compiler_id()
 
 
-def selection_key(record: KernelRecord, target: Target) -> str:
-    """Key of the config chosen for a kernel on a device (written by the tuner)."""
+def selection_problem(record: KernelRecord, target: Target) -> str:
+    """The tuning problem "which config for this whole kernel" (the tuner stores its answer)."""
     stage = record.stage(target.family)
-    return tuning_key(f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}", target.fingerprint, compiler_id(record))
+    return f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}"
 
 
 class LoadedBundle:
@@ -100,15 +123,27 @@ class LoadedBundle:
                 f"cannot run {name!r} on {target.label} here: {target.reason} "
                 f"(use `portkern finalize --target {target.label}` to build for it ahead of time)"
             )
+        check_toolchain(record, target)
+        if not toolchain_for(record).tunable and tune not in NO_SEARCH:
+            raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
         config = self.config_for(record, target, tune)
         native = self.native(record, target, config)
-        return Kernel(record, target, native, self._executable(record, target, native))
+        try:
+            executable = self._executable(record, target, native)
+        except KernelRuntimeError as exc:
+            if native.origin != "cache":
+                raise
+            warnings.warn(f"cached native code for {name!r} on {target.label} does not load ({exc}); rebuilding it", CacheWarning, stacklevel=2)
+            self.store.delete(native.key)
+            native = self.native(record, target, config)
+            executable = self._executable(record, target, native)
+        return Kernel(record, target, native, executable)
 
     def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> str:
         """The perf config to use: stored selection, default, or a fresh tuning result."""
         if tune in NO_SEARCH:
             if tune is None:
-                chosen = self.store.get_record("t", selection_key(record, target))
+                chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
                 if chosen and isinstance(chosen.get("config"), str):
                     return chosen["config"]
             return DEFAULT_CONFIG
@@ -117,23 +152,28 @@ class LoadedBundle:
         return tune_kernel(self, record, target, strategy=tune).config
 
     def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
-        stage = record.stage(target.family)
+        stage, identity = self._stage(record, target)
         return artifact_key(
             kernel_digest(record.kind, record.entry, stage.blob),
             target.fingerprint,
             compiler_id(record),
             config,
-            target.flags,
+            identity,
         )
+
+    def _stage(self, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
+        """The stage finalised for a target, and what besides it selects the native code."""
+        check_toolchain(record, target)
+        return toolchain_for(record).stage(self.bundle, record, target)
 
     def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
         """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
         key = self.key(record, target, config).hex
-        hit = self.store.get(key)
+        hit = self._cached(key, target)
         if hit is not None:
             return Native(hit[0], key, config, "cache", hit[1].finalize_s)
         with self.store.lock(key):
-            hit = self.store.get(key, count=False)
+            hit = self._cached(key, target, count=False)
             if hit is not None:
                 return Native(hit[0], key, config, "cache", hit[1].finalize_s)
             prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
@@ -151,10 +191,24 @@ class LoadedBundle:
         self.store.put(key, data, self._entry(record, target, native))
         return native
 
+    def _cached(self, key: str, target: Target, count: bool = True):
+        """A cache entry, unless it is GPU code for another arch (then it is evicted)."""
+        hit = self.store.get(key, count=count)
+        problem = code_problem(hit[0], target.fingerprint) if hit is not None else None
+        if problem is not None:
+            warnings.warn(f"cache entry {key[:16]} is not code for {target.label} ({problem}); evicted", CacheWarning)
+            self.store.delete(key)
+            return None
+        return hit
+
     def _prebuilt(self, record: KernelRecord, target: Target) -> bytes | None:
         for artifact in record.native:
             if DeviceFingerprint.from_dict(artifact.device) == target.fingerprint:
-                return self.bundle.blob(artifact.blob)
+                data = self.bundle.blob(artifact.blob)
+                problem = code_problem(data, target.fingerprint)
+                if problem is None:
+                    return data
+                warnings.warn(f"prebuilt {artifact.target} code of {record.name!r} ignored: {problem}")
         return None
 
     def _compile(self, record: KernelRecord, target: Target, config: str) -> bytes:
@@ -162,17 +216,13 @@ class LoadedBundle:
             from portkern.tuner.session import compile_config
 
             return compile_config(self.bundle, record, target, config)
-        from portkern.jit.finalize import finalize
-
-        return finalize(self.bundle, record, target)
+        return toolchain_for(record).finalize(self.bundle, record, target)
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
-        from portkern.jit.runtime import Executable
-
-        return Executable(native.data, record.entry, target.driver)
+        return toolchain_for(record).executable(native.data, record, target)
 
     def _entry(self, record: KernelRecord, target: Target, native: Native) -> Entry:
-        stage = record.stage(target.family)
+        stage, identity = self._stage(record, target)
         return Entry(
             key=native.key,
             kernel=record.name,
@@ -181,11 +231,11 @@ class LoadedBundle:
             device=target.fingerprint.to_dict(),
             device_label=target.label,
             config=native.config,
-            format="vmfb",
+            format=toolchain_for(record).format,
             size=len(native.data),
             sha256="",
             compiler=compiler_id(record),
-            flags=list(target.flags),
+            flags=list(identity),
             kernel_digest=kernel_digest(record.kind, record.entry, stage.blob),
             finalize_s=native.finalize_s,
         )

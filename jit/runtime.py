@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import statistics
 import threading
+import time
+
 import numpy as np
 
 from portkern.errors import DeviceError, KernelRuntimeError
@@ -20,7 +23,9 @@ def runtime_config(driver: str):
             try:
                 _configs[driver] = rt.Config(driver)
             except (RuntimeError, ValueError) as exc:
-                raise DeviceError(f"IREE runtime driver {driver!r} is not usable here: {exc}") from None
+                # rt.Config hides the driver's own message in __cause__.
+                cause = " ".join(str(exc.__cause__ or exc).split())
+                raise DeviceError(f"IREE runtime driver {driver!r} is not usable here: {cause[:500]}") from None
         return _configs[driver]
 
 
@@ -31,6 +36,7 @@ class Executable:
         import iree.runtime as rt
 
         config = runtime_config(driver)
+        self._device = config.device
         try:
             self._context = rt.SystemContext(config=config)
             module = rt.VmModule.copy_buffer(self._context.instance, vmfb)
@@ -61,3 +67,26 @@ class Executable:
         if not isinstance(results, (tuple, list)):
             results = (results,)
         return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+
+    def benchmark(self, *arrays: np.ndarray, warmup: int = 1, repeat: int = 20) -> float:
+        """Seconds per call: the mean of the middle half of `repeat` timed calls, after
+        `warmup` calls, with the inputs already on the device (so copies are not timed).
+
+        The entry function is synchronous: each call returns once the device is done.
+        """
+        import iree.runtime as rt
+
+        try:
+            args = [rt.asdevicearray(self._device, a) for a in arrays]
+            for _ in range(warmup):
+                self._function(*args)
+            times = []
+            for _ in range(max(repeat, 1)):
+                start = time.perf_counter()
+                self._function(*args)
+                times.append(time.perf_counter() - start)
+        except (RuntimeError, ValueError) as exc:
+            raise KernelRuntimeError(f"{self.entry}: {exc}") from None
+        times.sort()
+        quarter = len(times) // 4
+        return statistics.mean(times[quarter : len(times) - quarter])

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from portkern.cache.device import DeviceFingerprint
 
@@ -22,10 +24,21 @@ class Target:
     runnable: bool = True
     #: Why it is not runnable, when it is not.
     reason: str = ""
+    #: GPU targets are selected by attribute, not by flags: the `#hal.executable.target`
+    #: written into the module in place of a placeholder (empty for flag-selected targets).
+    executable_target: str = ""
 
     @property
     def label(self) -> str:
         return self.fingerprint.label
+
+    @property
+    def identity(self) -> tuple[str, ...]:
+        """What selects the code besides the fingerprint: the flags, and the written target attribute."""
+        if not self.executable_target:
+            return self.flags
+        digest = hashlib.sha256(self.executable_target.encode()).hexdigest()
+        return self.flags + (f"executable-target-sha256={digest}",)
 
 
 @dataclass(frozen=True)
@@ -35,3 +48,6 @@ class Probe:
     kind: str
     devices: tuple[DeviceFingerprint, ...] = ()
     reason: str = ""
+    #: Per device, in the order of `devices`: what the probe read that does not
+    #: change native code and so is not in the fingerprint (name, CU count, memory).
+    details: tuple[Mapping[str, Any], ...] = ()

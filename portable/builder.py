@@ -8,12 +8,15 @@ from typing import Callable
 
 from portkern.errors import BuildError
 from portkern.portable.bundle import Bundle, KernelRecord, Stage, sha256, write_bundle
-from portkern.portable.compiler import Compiler
-from portkern.portable.lower import PORTABLE_PHASE, lower_source
+from portkern.portable.compiler import Compiler, bytecode
+from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
+from portkern.portable.lower import PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
 
 #: Called before each kernel is built, with its spec, index and the kernel count.
 Progress = Callable[[KernelSpec, int, int], None]
+#: Applied to the built bundle before it is written (e.g. to add prebuilt native code).
+Finish = Callable[[Bundle], Bundle]
 
 
 def build(manifest: Manifest, progress: Progress | None = None) -> Bundle:
@@ -24,26 +27,58 @@ def build(manifest: Manifest, progress: Progress | None = None) -> Bundle:
     for index, spec in enumerate(manifest.kernels):
         if progress:
             progress(spec, index, len(manifest.kernels))
-        record, kernel_blobs = build_kernel(spec, compiler)
+        record, kernel_blobs = build_kernel(spec, compiler, manifest.targets)
         records.append(record)
         blobs.update(kernel_blobs)
     return Bundle(manifest.bundle, tuple(records), blobs)
 
 
-def build_kernel(spec: KernelSpec, compiler: Compiler) -> tuple[KernelRecord, dict[str, bytes]]:
-    """One kernel's bundle record and the blobs it refers to."""
+def build_kernel(
+    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",)
+) -> tuple[KernelRecord, dict[str, bytes]]:
+    """One kernel's bundle record and the blobs it refers to.
+
+    `targets` are the manifest's device families: each GPU family among them
+    adds a stage lowered for that family's placeholder target.
+    """
     source_sha = hashlib.sha256(spec.source.read_bytes()).hexdigest()
     if spec.kind in ("mlir", "onnx"):
         lowered = lower_source(spec, compiler)
         blob = sha256(lowered.stage_bytes)
-        stage = Stage(PORTABLE_PHASE, "any", "mlir-bytecode", blob, len(lowered.stage_bytes), lowered.producer)
-        record = KernelRecord(spec.name, spec.kind, lowered.entry, lowered.signature, (stage,), source_sha)
-        return record, {blob: lowered.stage_bytes}
+        stages = [Stage(PORTABLE_PHASE, "any", "mlir-bytecode", blob, len(lowered.stage_bytes), lowered.producer)]
+        blobs = {blob: lowered.stage_bytes}
+        for name in targets:
+            if name in FAMILIES:
+                stage, data = family_stage(spec, lowered, name, compiler)
+                if stage is not None:
+                    stages.append(stage)
+                    blobs[stage.blob] = data
+        record = KernelRecord(spec.name, spec.kind, lowered.entry, lowered.signature, tuple(stages), source_sha)
+        return record, blobs
+    if spec.kind in ("opencl", "spirv"):
+        from portkern.portable.opencl import build_opencl
+
+        return build_opencl(spec, source_sha)
     raise BuildError(f"{spec.source}: kernels of kind {spec.kind!r} are not supported by this build")
 
 
-def build_file(manifest_path: str | Path, output: str | Path, progress: Progress | None = None) -> Bundle:
+def family_stage(spec: KernelSpec, lowered: Lowered, name: str, compiler: Compiler) -> tuple[Stage | None, bytes]:
+    """The kernel's stage for a GPU family, or None when only the flow stage is portable."""
+    fam = FAMILIES[name]
+    module = lower_family_stage(compiler, lowered.stage_bytes, fam, spec.name)
+    if module is None:
+        return None, b""
+    data = bytecode(module)
+    stage = Stage(FAMILY_PHASE, fam.name, "mlir-bytecode", sha256(data), len(data), lowered.producer, fam.placeholder)
+    return stage, data
+
+
+def build_file(
+    manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None
+) -> Bundle:
     """Build the bundle a manifest describes and write it to `output`."""
     bundle = build(load_manifest(manifest_path), progress)
+    if finish is not None:
+        bundle = finish(bundle)
     digest = write_bundle(bundle, output)
     return Bundle(bundle.name, bundle.kernels, bundle.blobs, digest, bundle.version)

@@ -1,14 +1,9 @@
 """The `.pkb` bundle format (v1): reading, writing and the records it holds.
 
-Layout (docs/bundle-format.md has the full description)::
-
-    magic    8 bytes   b"\\x89PKB\\r\\n\\x1a\\n"
-    major    u16 BE    format major version (readers refuse other majors)
-    minor    u16 BE    format minor version (readers refuse newer minors)
-    length   u64 BE    payload length in bytes
-    digest   32 bytes  sha256 of the payload: the bundle digest
-    payload  msgpack   {"meta": <metadata, see schemas/bundle.schema.json>,
-                        "blobs": {<sha256 hex>: <bytes>}}
+The file is framed by `portkern.framing` with the magic `\\x89PKB\\r\\n\\x1a\\n`;
+the framing's digest (sha256 of the payload) is the bundle digest. The
+payload is `{"meta": <metadata, see schemas/bundle.schema.json>, "blobs":
+{<sha256 hex>: <bytes>}}`; docs/bundle-format.md has the full description.
 
 Metadata refers to every binary (MLIR bytecode, SPIR-V, native code) by the
 sha256 of its bytes; the reader checks every blob against its name. Bundles
@@ -19,15 +14,11 @@ names cannot contain path separators.
 from __future__ import annotations
 
 import hashlib
-import os
-import secrets
-import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-import msgpack
-
+from portkern import framing
 from portkern.errors import (
     BadMagicError,
     BundleError,
@@ -38,20 +29,17 @@ from portkern.errors import (
     UnsupportedVersionError,
 )
 from portkern.portable.producer import Producer
-from portkern.schemas import validator
 
 MAGIC = b"\x89PKB\r\n\x1a\n"
 FORMAT_MAJOR = 1
 FORMAT_MINOR = 0
-_HEADER = struct.Struct(">8sHHQ32s")
-HEADER_SIZE = _HEADER.size
+HEADER_SIZE = framing.HEADER_SIZE
 
 #: Reader limits. A bundle over any of them is refused with OversizeFieldError.
 MAX_BUNDLE_BYTES = 4 << 30
 MAX_BLOB_BYTES = 2 << 30
 MAX_STRING_BYTES = 64 << 10
-MAX_ARRAY_ITEMS = 1 << 16
-MAX_MAP_ITEMS = 1 << 16
+MAX_ITEMS = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -98,11 +86,11 @@ class Signature:
 class Stage:
     """A portable (not yet native) form of a kernel, stored as a blob."""
 
-    #: The IREE phase it was lowered to ("flow", "executable-sources") or "spirv".
+    #: The IREE phase it was lowered to ("flow", "executable-sources"), or "spirv" / "spir".
     phase: str
     #: Device family it is specific to: "any", or e.g. "amdgpu" for a placeholder-arch stage.
     family: str
-    #: "mlir-bytecode" or "spirv".
+    #: "mlir-bytecode", "spirv", or "spir-bitcode" (SPIR 1.2, for OpenCL drivers without SPIR-V IL).
     format: str
     blob: str
     size: int
@@ -172,10 +160,12 @@ class KernelRecord:
     launch: Mapping[str, Any] = field(default_factory=dict)
 
     def stage(self, family: str = "any") -> Stage:
-        """The stage for a device family (the device-independent one by default)."""
-        for stage in self.stages:
-            if stage.family == family:
-                return stage
+        """The stage to finalise for a device family: the family's own stage if
+        there is one, else the device-independent one."""
+        for wanted in dict.fromkeys((family, "any")):
+            for stage in self.stages:
+                if stage.family == wanted:
+                    return stage
         have = ", ".join(f"{s.family}/{s.phase}" for s in self.stages)
         raise BundleError(f"kernel {self.name!r} has no {family!r} stage (it has: {have})")
 
@@ -245,34 +235,23 @@ def sha256(data: bytes) -> str:
 
 def encode(bundle: Bundle) -> bytes:
     """The bundle's bytes. Equal contents give equal bytes."""
-    payload = msgpack.packb(
-        {"meta": bundle.meta(), "blobs": {sha: bundle.blobs[sha] for sha in sorted(bundle.blobs)}},
-        use_bin_type=True,
-    )
-    header = _HEADER.pack(MAGIC, FORMAT_MAJOR, FORMAT_MINOR, len(payload), hashlib.sha256(payload).digest())
-    return header + payload
+    blobs = {sha: bundle.blobs[sha] for sha in sorted(bundle.blobs)}
+    return framing.pack(_format(), {"meta": bundle.meta(), "blobs": blobs})
 
 
 def write_bundle(bundle: Bundle, path: str | Path) -> str:
     """Write atomically (temp file + rename); return the bundle digest."""
     data = encode(bundle)
-    path = Path(path)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise BundleError(f"cannot write bundle {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    framing.write_atomic(path, data, BundleError)
     return data[HEADER_SIZE - 32 : HEADER_SIZE].hex()
 
 
-def read_bundle(path: str | Path) -> Bundle:
-    """Read and check a bundle file; raise a `BundleError` subclass if it is not sound."""
+def read_bundle(path: str | Path, validated: Callable[[str], bool] | None = None) -> Bundle:
+    """Read and check a bundle file; raise a `BundleError` subclass if it is not sound.
+
+    `validated(digest)` may say that a payload with this digest already passed
+    the schema check (the digest itself is always verified), to skip repeating it.
+    """
     path = Path(path)
     try:
         size = path.stat().st_size
@@ -282,81 +261,47 @@ def read_bundle(path: str | Path) -> Bundle:
     except OSError as exc:
         raise BundleError(f"{path}: cannot read bundle: {exc.strerror or exc}") from None
     try:
-        return decode(data)
+        return decode(data, validated)
     except BundleError as exc:
         raise type(exc)(f"{path}: {exc}") from None
 
 
-def decode(data: bytes) -> Bundle:
-    """Parse and check bundle bytes."""
-    if len(data) < len(MAGIC) or data[: len(MAGIC)] != MAGIC:
-        if MAGIC.startswith(data[: len(MAGIC)]) and len(data) < len(MAGIC):
-            raise BundleTruncatedError(f"truncated: {len(data)} bytes, shorter than the bundle header")
-        raise BadMagicError("not a portkern bundle (wrong magic bytes)")
-    if len(data) < HEADER_SIZE:
-        raise BundleTruncatedError(f"truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
-    _, major, minor, length, digest = _HEADER.unpack_from(data)
-    if major != FORMAT_MAJOR or minor > FORMAT_MINOR:
-        raise UnsupportedVersionError(
-            f"bundle format version {major}.{minor} is not supported "
-            f"(this portkern reads {FORMAT_MAJOR}.0 to {FORMAT_MAJOR}.{FORMAT_MINOR})"
-        )
-    payload = memoryview(data)[HEADER_SIZE:]
-    if len(payload) < length:
-        raise BundleTruncatedError(f"truncated: payload has {len(payload)} of {length} bytes")
-    if len(payload) > length:
-        raise MalformedBundleError(f"{len(payload) - length} unexpected bytes after the payload")
-    if hashlib.sha256(payload).digest() != digest:
-        raise DigestMismatchError("bundle digest does not match its content (corrupted or modified)")
-    document = _unpack(payload)
-    meta, blobs = _split(document)
-    _check_meta(meta)
+def _format() -> framing.Format:
+    """The bundle file format, with the reader limits as they are now."""
+    return framing.Format(
+        "bundle",
+        MAGIC,
+        FORMAT_MAJOR,
+        FORMAT_MINOR,
+        truncated=BundleTruncatedError,
+        bad_magic=BadMagicError,
+        unsupported=UnsupportedVersionError,
+        digest=DigestMismatchError,
+        oversize=OversizeFieldError,
+        malformed=MalformedBundleError,
+        max_bin=MAX_BLOB_BYTES,
+        max_str=MAX_STRING_BYTES,
+        max_items=MAX_ITEMS,
+    )
+
+
+def decode(data: bytes, validated: Callable[[str], bool] | None = None) -> Bundle:
+    """Parse and check bundle bytes (see `read_bundle` for `validated`)."""
+    version, digest, document = framing.unpack(_format(), data)
+    skip = validated is not None and validated(digest)
+    meta, blobs = framing.meta_and_blobs(document, "bundle", MalformedBundleError, validate=not skip)
+    _check_names(meta)
     _check_blobs(meta, blobs)
     return Bundle(
         meta["name"],
         tuple(KernelRecord.from_dict(k) for k in meta["kernels"]),
         blobs,
-        digest.hex(),
-        (major, minor),
+        digest,
+        version,
     )
 
 
-def _unpack(payload: memoryview) -> Any:
-    try:
-        return msgpack.unpackb(
-            payload,
-            raw=False,
-            use_list=True,
-            strict_map_key=True,
-            max_bin_len=MAX_BLOB_BYTES,
-            max_str_len=MAX_STRING_BYTES,
-            max_array_len=MAX_ARRAY_ITEMS,
-            max_map_len=MAX_MAP_ITEMS,
-            max_ext_len=0,
-        )
-    except ValueError as exc:
-        if "exceeds max" in str(exc):
-            raise OversizeFieldError(f"a field is larger than the reader allows ({exc})") from None
-        raise MalformedBundleError(f"payload is not valid msgpack ({exc})") from None
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise MalformedBundleError(f"payload is not valid msgpack ({type(exc).__name__}: {exc})") from None
-
-
-def _split(document: Any) -> tuple[dict, dict[str, bytes]]:
-    if not isinstance(document, dict) or set(document) != {"meta", "blobs"}:
-        raise MalformedBundleError("payload must be a map with exactly the keys 'meta' and 'blobs'")
-    meta, blobs = document["meta"], document["blobs"]
-    if not isinstance(blobs, dict) or not all(isinstance(v, bytes) for v in blobs.values()):
-        raise MalformedBundleError("'blobs' must map sha256 names to bytes")
-    return meta, blobs
-
-
-def _check_meta(meta: Any) -> None:
-    errors = sorted(validator("bundle").iter_errors(meta), key=lambda e: list(e.absolute_path))
-    if errors:
-        error = errors[0]
-        where = "/".join(map(str, error.absolute_path)) or "meta"
-        raise MalformedBundleError(f"metadata does not match the bundle schema at {where}: {error.message[:300]}")
+def _check_names(meta: dict) -> None:
     names = [k["name"] for k in meta["kernels"]]
     if len(names) != len(set(names)):
         raise MalformedBundleError("two kernels share a name")

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from portkern.errors import ManifestError
+from portkern.errors import LaunchSpecError, ManifestError
 from portkern.schemas import validator
 
 #: Source suffix -> kernel kind, for kernels whose manifest entry names no kind.
@@ -26,7 +26,8 @@ class KernelSpec:
     kind: str
     entry: str | None = None
     line: int = 0
-    #: Kind-specific fields (e.g. an OpenCL kernel's launch description), as written.
+    #: Kind-specific fields (e.g. an OpenCL kernel's launch description), as written
+    #: (variant sources resolved to absolute paths).
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -93,7 +94,33 @@ def _kernel(entry: dict, index: int, lines: dict, path: Path) -> KernelSpec:
             f"no such file {entry['source']!r} (looked for {source})"
         )
     options = {k: v for k, v in entry.items() if k not in ("name", "source", "kind", "entry")}
+    _check_launch(kind, source, options, index, lines, path)
     return KernelSpec(entry["name"], source, kind, entry.get("entry"), line, options)
+
+
+def _check_launch(kind: str, source: Path, options: dict, index: int, lines: dict, path: Path) -> None:
+    """OpenCL and SPIR-V kernels need a valid launch description; other kinds take none.
+
+    Variant sources are resolved (relative to the manifest) in `options`.
+    """
+    from portkern.portable.launch import MANIFEST_KEYS, dotted, from_manifest, where_of
+
+    if kind not in ("opencl", "spirv"):
+        for key in sorted(set(options) & set(MANIFEST_KEYS)):
+            raise ManifestError(
+                f"{path}:{_line(lines, ('kernels', index, key))}: kernels[{index}].{key}: "
+                f"only opencl and spirv kernels take `{key}` (this one is {kind})"
+            )
+        return
+    for variant in options.get("variants", ()):
+        if "source" in variant:
+            variant["source"] = str((path.parent / variant["source"]).resolve())
+    try:
+        from_manifest(options, kind, source)
+    except LaunchSpecError as exc:
+        where = where_of(exc)
+        key = f"kernels[{index}]" + (f".{dotted(where)}" if where else "")
+        raise ManifestError(f"{path}:{_line(lines, ('kernels', index) + where)}: {key}: {exc}") from None
 
 
 def _to_python(node: yaml.Node, where: tuple, lines: dict, path: Path) -> Any:
@@ -111,7 +138,7 @@ def _to_python(node: yaml.Node, where: tuple, lines: dict, path: Path) -> Any:
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_to_python(item, where + (i,), lines, path) for i, item in enumerate(node.value)]
-    return yaml.SafeLoader(None).construct_object(node) if node.tag != "tag:yaml.org,2002:str" else node.value
+    return yaml.SafeLoader("").construct_object(node) if node.tag != "tag:yaml.org,2002:str" else node.value
 
 
 def _line(lines: dict, where: tuple) -> int:

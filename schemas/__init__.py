@@ -3,14 +3,25 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from importlib import resources
 
 
 @functools.lru_cache(maxsize=None)
+def _text(name: str) -> str:
+    return resources.files(__name__).joinpath(f"{name}.schema.json").read_text()
+
+
+@functools.lru_cache(maxsize=None)
 def schema(name: str) -> dict:
     """The JSON schema `name` (e.g. "manifest", "bundle") as a dict."""
-    return json.loads(resources.files(__name__).joinpath(f"{name}.schema.json").read_text())
+    return json.loads(_text(name))
+
+
+def digest(name: str) -> str:
+    """sha256 of the schema `name`: what a "this passed validation" memo must be keyed on."""
+    return hashlib.sha256(_text(name).encode()).hexdigest()
 
 
 @functools.lru_cache(maxsize=None)

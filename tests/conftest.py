@@ -33,6 +33,21 @@ def examples_bundle(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def opencl_examples_bundle(tmp_path_factory) -> Path:
+    """The OpenCL C example manifest, built once per test session (skips without clang/llvm-spirv)."""
+    from helpers import opencl_toolchain_missing
+
+    from portkern.examples import OPENCL_MANIFEST
+    from portkern.portable.builder import build_file
+
+    if opencl_toolchain_missing():
+        pytest.skip(opencl_toolchain_missing())
+    path = tmp_path_factory.mktemp("bundles") / "opencl-examples.pkb"
+    build_file(OPENCL_MANIFEST, path)
+    return path
+
+
 @pytest.fixture
 def store(tmp_path) -> Store:
     """An empty cache of its own."""
@@ -43,3 +58,41 @@ def store(tmp_path) -> Store:
 def rng() -> np.random.Generator:
     return np.random.default_rng(1234)
 
+
+
+GPU_MANIFEST = """bundle: gpu
+targets: [cpu, amdgpu, cuda]
+kernels:
+  - name: gemm_bias_relu
+    source: {source}
+"""
+
+
+@pytest.fixture(scope="session")
+def gpu_bundle(tmp_path_factory) -> Path:
+    """One example kernel built with AMD and NVIDIA placeholder stages, once per session."""
+    from portkern.examples import MANIFEST
+    from portkern.portable.builder import build_file
+
+    where = tmp_path_factory.mktemp("gpu-bundle")
+    (where / "manifest.yaml").write_text(GPU_MANIFEST.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
+    build_file(where / "manifest.yaml", where / "gpu.pkb")
+    return where / "gpu.pkb"
+
+
+@pytest.fixture(scope="session")
+def gpu_native(gpu_bundle):
+    """`gpu_native(spec)`: the GPU bundle's kernel finalised for a device spec (memoised per session)."""
+    from portkern.jit.devices import resolve
+    from portkern.jit.finalize import finalize
+    from portkern.portable.bundle import read_bundle
+
+    bundle = read_bundle(gpu_bundle)
+    done: dict[str, bytes] = {}
+
+    def native(spec: str) -> bytes:
+        if spec not in done:
+            done[spec] = finalize(bundle, bundle.kernel("gemm_bias_relu"), resolve(spec))
+        return done[spec]
+
+    return native

@@ -90,3 +90,11 @@ def test_console_script_has_no_traceback(tmp_path):
     done = subprocess.run([sys.executable, "-m", "portkern", "inspect", str(bad)], capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.strip() == f"portkern: error: {bad}: truncated: 18 bytes, shorter than the 52-byte header"
+
+
+def test_demo_builds_runs_and_checks_every_example(tmp_path, capsys):
+    status, report = run_json(capsys, "demo", "-o", str(tmp_path / "demo.pkb"), "--cache-dir", str(tmp_path / "cache"))
+    assert status == 0 and report["ok"]
+    assert sorted(r["kernel"] for r in report["results"]) == sorted(EXAMPLES)
+    assert all(r["max_abs_error"] <= r["atol"] + r["rtol"] for r in report["results"])
+    assert len(report["cache"]) == len(EXAMPLES)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 import portkern
+from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
+from portkern.portable.manifest import load_manifest
 
 from helpers import assert_matches
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
+@pytest.mark.parametrize("name", sorted(k.name for k in load_manifest(MANIFEST).kernels))
 def test_example_matches_numpy(examples_bundle, store, rng, name):
     example = EXAMPLES[name]
     kernel = portkern.load(examples_bundle, store=store).kernel(name, device="cpu")

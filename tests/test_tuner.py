@@ -14,7 +14,10 @@ from portkern.errors import PerfConfigError
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices
-from portkern.jit.loader import selection_key
+from portkern.cache import transfer
+from portkern.cache.config import CacheConfig
+from portkern.cache.store import Store
+from portkern.jit.loader import compiler_id, selection_problem
 from portkern.jit.runtime import Executable
 from portkern.portable.builder import build_file
 from portkern.tuner import session, strategies
@@ -90,7 +93,8 @@ def test_second_tune_of_the_same_problem_is_served_from_the_db(examples_bundle, 
         assert tuner.tune(other_bundle, other_bundle.record("renamed"), target, "quick").source == "selection"
         # a more thorough strategy is not answered by a quick result
         assert tuner.tune(other_bundle, other_bundle.record("renamed"), target, "random", budget=1).source == "search"
-    assert store.get_record("t", selection_key(other_bundle.record("renamed"), target))["strategy"] == "random"
+    record = other_bundle.record("renamed")
+    assert store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))["strategy"] == "random"
     kernel = other_bundle.kernel("renamed")
     assert kernel.config == "default" or kernel.config.startswith("0=cpu:v1:")
     check_kernel(kernel, "gemm_bias_relu", rng)
@@ -107,6 +111,25 @@ def test_loader_tunes_then_reuses_the_selection(examples_bundle, store, rng, sha
     assert bundle.kernel("gemm_transpose_add", tune="default").config == "default"
     mlp = bundle.kernel("mlp", tune="quick")  # only small dispatches: left at the default, nothing searched
     assert mlp.config == "default"
+
+
+def test_export_import_carries_tuning_results(examples_bundle, store, tmp_path, rng):
+    bundle = portkern.load(examples_bundle, store=store)
+    target = devices.resolve("cpu", store)
+    with Tuner() as tuner:
+        tuned = tuner.tune(bundle, bundle.record("gemm_rowsum"), target, "quick", budget=1)
+    report = transfer.export(store, tmp_path / "fleet.pkx")
+    assert report.records == 2  # the kernel's selection and its tuned dispatch's result
+    other = Store(CacheConfig(tmp_path / "other-cache", 1 << 30, False))
+    assert transfer.import_(other, tmp_path / "fleet.pkx").records == 2
+    elsewhere = portkern.load(examples_bundle, store=other)
+    with Tuner() as tuner:
+        again = tuner.tune(elsewhere, elsewhere.record("gemm_rowsum"), target, "quick")
+    assert again.source == "selection" and again.config == tuned.config
+    kernel = elsewhere.kernel("gemm_rowsum")
+    assert kernel.config == tuned.config
+    assert kernel.origin == ("cache" if tuned.config != "default" else "finalized")
+    check_kernel(kernel, "gemm_rowsum", rng)
 
 
 @pytest.mark.parametrize("name, config", [

@@ -1,15 +1,17 @@
-"""The tuning DB: results kept as "t" records in the per-device store.
+"""The tuning DB: results kept as tuning records ("t") in the per-device store.
 
-Two kinds of record:
+Two kinds of record, both written with `Store.put_tuning(problem, device,
+compiler, ...)` so that `portkern cache export/import` carries them and an
+import can re-derive their keys:
 
-- per dispatch, keyed by `tuning_key(problem_key(what it computes, runtime),
-  device fingerprint, compiler)`: the winning perf config of that problem, so
-  any bundle with the same dispatch on the same device reuses it;
-- per kernel, keyed by the loader's `selection_key(record, target)`: the
-  kernel config string that `bundle.kernel(name)` then uses without searching.
+- per dispatch, for the problem `problem_key(what it computes, runtime)`: the
+  winning perf config of that problem, so any bundle with the same dispatch on
+  the same device reuses it;
+- per kernel, for the loader's `selection_problem(record, target)`: the kernel
+  config string that `bundle.kernel(name)` then uses without searching.
 
 A stored result answers a request when its strategy was at least as thorough
-(`strategies.level`). `portkern cache export/import` carries both kinds.
+(`strategies.level`).
 """
 
 from __future__ import annotations
@@ -17,16 +19,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from portkern.cache.keys import problem_key, tuning_key
+from portkern.cache.keys import problem_key
 from portkern.cache.store import Store
 from portkern.jit.target import Target
-from portkern.portable.bundle import KernelRecord
 from portkern.tuner import strategies
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.pool import cores
 from portkern.tuner.results import DispatchResult, TuneResult
 
-KIND = "t"
+#: Keys `Store.put_tuning` owns in a record.
+_KEY_PARTS = ("problem", "device", "compiler")
 
 
 def runtime_context(target: Target) -> str:
@@ -34,8 +36,8 @@ def runtime_context(target: Target) -> str:
     return f"driver={target.driver} threads={cores()}"
 
 
-def dispatch_key(dispatch: Dispatch, target: Target, compiler: str) -> str:
-    return tuning_key(problem_key(dispatch.problem, runtime_context(target)), target.fingerprint, compiler)
+def dispatch_problem(dispatch: Dispatch, target: Target) -> str:
+    return problem_key(dispatch.problem, runtime_context(target))
 
 
 def satisfies(record: dict[str, Any] | None, strategy: str) -> bool:
@@ -46,47 +48,35 @@ def satisfies(record: dict[str, Any] | None, strategy: str) -> bool:
 
 
 class TuningDB:
-    """Tuning results of one store."""
+    """Tuning results of one store, for one compiler."""
 
     def __init__(self, store: Store, compiler: str) -> None:
         self.store = store
         self.compiler = compiler
 
     def dispatch(self, dispatch: Dispatch, target: Target) -> dict[str, Any] | None:
-        return self.store.get_record(KIND, dispatch_key(dispatch, target, self.compiler))
+        return self.store.get_tuning(dispatch_problem(dispatch, target), target.fingerprint, self.compiler)
 
     def put_dispatch(self, dispatch: Dispatch, target: Target, result: DispatchResult) -> bool:
-        record = {
-            "kind": "dispatch",
-            "problem": dispatch.problem,
-            "runtime": runtime_context(target),
-            "device": target.label,
-            "compiler": self.compiler,
-            "created": time.time(),
-            **{k: v for k, v in result.to_dict().items() if k not in ("index", "name", "problem", "source")},
-        }
-        return self.store.put_record(KIND, dispatch_key(dispatch, target, self.compiler), record)
+        fields = {k: v for k, v in result.to_dict().items() if k not in ("index", "name", "source", *_KEY_PARTS)}
+        record = {"kind": "dispatch", "device_label": target.label, "created": time.time(), **fields}
+        return self.store.put_tuning(dispatch_problem(dispatch, target), target.fingerprint, self.compiler, record)
 
-    def selection(self, key: str) -> dict[str, Any] | None:
-        return self.store.get_record(KIND, key)
+    def selection(self, problem: str, target: Target) -> dict[str, Any] | None:
+        return self.store.get_tuning(problem, target.fingerprint, self.compiler)
 
-    def put_selection(self, key: str, record: KernelRecord, bundle: str, result: TuneResult) -> bool:
-        stored = {
-            "kind": "kernel",
-            "kernel": record.name,
-            "bundle": bundle,
-            "device": result.device,
-            "compiler": self.compiler,
-            "created": time.time(),
-            **{k: v for k, v in result.to_dict().items() if k not in ("kernel", "device", "source", "wall_s")},
-        }
-        return self.store.put_record(KIND, key, stored)
+    def put_selection(self, problem: str, target: Target, bundle: str, result: TuneResult) -> bool:
+        fields = {k: v for k, v in result.to_dict().items() if k not in ("device", "source", "wall_s", *_KEY_PARTS)}
+        record = {"kind": "kernel", "bundle": bundle, "device_label": target.label, "created": time.time(), **fields}
+        return self.store.put_tuning(problem, target.fingerprint, self.compiler, record)
 
 
 def result_from_selection(stored: dict[str, Any], kernel: str, device: str) -> TuneResult:
     """The TuneResult a stored kernel selection describes."""
     dispatches = []
     for data in stored.get("dispatches", []):
+        if not isinstance(data, dict):
+            continue
         try:
             searched = data.get("source") == "search"
             dispatches.append(DispatchResult.from_dict({**data, "source": "db" if searched else data.get("source", "db")}))

@@ -33,7 +33,7 @@ MAX_START_FAILURES = 3
 
 @dataclass(frozen=True)
 class Source:
-    """A kernel's portable stage, as workers need it."""
+    """A kernel's module for the workers: bytecode at `phase` (the tuner sends it configured)."""
 
     key: str
     blob: bytes

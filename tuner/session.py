@@ -13,14 +13,17 @@ selection, and its native code is put in the cache for the loader.
 from __future__ import annotations
 
 import atexit
+import hashlib
 import threading
 import time
 from typing import Callable
 
+from portkern.cache.keys import tuning_key
 from portkern.errors import PerfConfigError
 from portkern.jit import finalize
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord
+from portkern.portable.compiler import bytecode
 from portkern.tuner import dispatch as dispatches_of
 from portkern.tuner import kernel_config, perfconfig, strategies
 from portkern.tuner.db import TuningDB, result_from_selection, satisfies
@@ -78,27 +81,31 @@ class Tuner:
         progress: Callable[[Progress], None] | None = None,
     ) -> TuneResult:
         """The best config of a kernel on a target: stored, or searched now and stored."""
-        from portkern.jit.loader import compiler_id, selection_key
+        from portkern.jit.loader import check_toolchain, compiler_id, selection_problem
+        from portkern.jit.toolchain import toolchain_for
 
         module = strategies.get(strategy)
         Budget(budget, time_limit)  # validates
         start = time.perf_counter()
+        if not toolchain_for(record).tunable:
+            return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=f"{record.kind} kernels are not tuned")
+        check_toolchain(record, target)
         if module.LEVEL == 0:
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default")
         db = TuningDB(loaded.store, compiler_id(record))
-        key = selection_key(record, target)
-        stored = None if retune else db.selection(key)
+        problem = selection_problem(record, target)
+        stored = None if retune else db.selection(problem, target)
         if satisfies(stored, strategy) and _valid(stored["config"]):
             return result_from_selection(stored, record.name, target.label)
-        with self._busy, loaded.store.lock(key):
-            stored = None if retune else db.selection(key)
+        with self._busy, loaded.store.lock(tuning_key(problem, target.fingerprint, db.compiler)):
+            stored = None if retune else db.selection(problem, target)
             if satisfies(stored, strategy) and _valid(stored["config"]):
                 return result_from_selection(stored, record.name, target.label)
             run = _Run(self, loaded, record, target, module, db, budget, time_limit, retune, progress)
             result = run.execute()
         result.wall_s = time.perf_counter() - start
         if result.source != "default":
-            db.put_selection(key, record, loaded.bundle.name, result)
+            db.put_selection(problem, target, loaded.bundle.name, result)
         return result
 
 
@@ -120,12 +127,14 @@ class _Run:
         self.deadline = time.perf_counter() + time_limit if time_limit else None
         self.retune = retune
         self.progress = progress
-        stage = record.stage(target.family)
-        source = Source(stage.blob, loaded.bundle.blob(stage.blob), stage.phase, record.name)
+        # workers get the module as configured here (fitted to the target): they only stamp and finish
+        self.configured = finalize.configure(loaded.bundle, record, target)
+        code = bytecode(self.configured)
+        source = Source(hashlib.sha256(code).hexdigest(), code, finalize.CONFIGURED_PHASE, record.name)
         self.evaluator = Evaluator(tuner.pool(target), source, record.entry, record.signature, target.driver)
 
     def execute(self) -> TuneResult:
-        found = dispatches_of.dispatches(finalize.configure(self.loaded.bundle, self.record, self.target))
+        found = dispatches_of.dispatches(self.configured)
         chosen = {d.index for d in self.module.choose(found)}
         results = {d.index: DispatchResult(d.index, d.name, d.problem, note=d.reason or "left at default by the strategy") for d in found}
         base = KernelConfig()

@@ -78,8 +78,9 @@ class _Kernels:
         if key in self.modules:
             return self.modules[key], 0.0
         start = time.perf_counter()
-        parsed = self.compiler.parse(source["blob"], name=source["name"])
-        module = self.compiler.lower(parsed, from_phase=source["phase"], to_phase=CONFIGURED_PHASE, name=source["name"])
+        module = self.compiler.parse(source["blob"], name=source["name"])
+        if source["phase"] != CONFIGURED_PHASE:
+            module = self.compiler.lower(module, from_phase=source["phase"], to_phase=CONFIGURED_PHASE, name=source["name"])
         dispatch.dispatches(module)  # the first analysis loads dialect bindings: setup, not stamping
         self.modules[key] = module
         return module, time.perf_counter() - start

@@ -12,6 +12,11 @@ def register(sub) -> None:
     build = sub.add_parser("build", help="build a bundle from a manifest")
     build.add_argument("manifest", type=Path, help="manifest.yaml")
     build.add_argument("-o", "--output", type=Path, required=True, help="bundle file to write (.pkb)")
+    build.add_argument(
+        "--prebuild",
+        metavar="TARGETS",
+        help="also store native code for these comma-separated targets, e.g. gfx942,cuda:sm_90,cpu:znver4",
+    )
     add_json(build)
     build.set_defaults(handler=run_build)
 
@@ -24,13 +29,23 @@ def register(sub) -> None:
 def run_build(args: argparse.Namespace) -> Report:
     from portkern.portable.builder import build_file
 
-    def progress(spec, index, total):
+    def say(text: str) -> None:
         if not args.json:
             from portkern.cli.common import console
 
-            console(stderr=True).print(f"[{index + 1}/{total}] {spec.name} ({spec.kind}) ...")
+            console(stderr=True).print(text)
 
-    bundle = build_file(args.manifest, args.output, progress)
+    finish = None
+    if args.prebuild:
+        from portkern.jit.devices import resolve, split
+        from portkern.jit.prebuild import prebuild
+
+        targets = [resolve(spec) for spec in split(args.prebuild)]  # bad names fail before the build
+
+        def finish(bundle):
+            return prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
+
+    bundle = build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
     report = describe(bundle, args.output)
     report.data["written"] = str(args.output)
     return report
@@ -71,7 +86,9 @@ def describe(bundle, path: Path) -> Report:
         out.print(f"digest sha256:{bundle.digest}")
         rows = []
         for k in bundle.kernels:
-            stages = ", ".join(f"{s.family}/{s.phase} {human_size(s.size)}" for s in k.stages)
+            stages = ", ".join(
+                f"{s.family}/{s.phase}{' (placeholder)' if s.placeholder else ''} {human_size(s.size)}" for s in k.stages
+            )
             native = ", ".join(f"{n.target} {human_size(n.size)}" for n in k.native) or "-"
             rows.append([k.name, k.kind, k.entry, str(k.signature), stages, native])
         out.print(table(None, ["kernel", "kind", "entry", "signature", "stages", "prebuilt"], rows))
@@ -79,5 +96,13 @@ def describe(bundle, path: Path) -> Report:
             f" (bytecode v{s.producer.bytecode_version})" if s.producer.bytecode_version is not None else "")
             for k in bundle.kernels for s in k.stages})
         out.print("producer: " + "; ".join(producers))
+        for k in bundle.kernels:
+            if k.launch:
+                sizes = "; ".join(
+                    ("" if v["subgroup_size"] is None else f"sub-group {v['subgroup_size']}: ")
+                    + ("x".join(map(str, v["local"])) if v["local"] else "driver's choice")
+                    for v in k.launch["variants"]
+                )
+                out.print(f"launch {k.name}: global ({', '.join(k.launch['global'])}), local {sizes}")
 
     return Report(data, render)

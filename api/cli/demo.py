@@ -2,6 +2,8 @@
 
 Builds the example bundle, finalises (and tunes) every kernel for this CPU,
 runs each against its NumPy reference and shows what the cache now holds.
+Then the same for the OpenCL C examples on this machine's OpenCL device
+(skipped, with the reason, when the toolchain or the device is missing).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from portkern.cli.common import Report, add_cache_dir, add_json, human_size, store_from, table
+from portkern.cli.common import Report, add_cache_dir, add_json, store_from
 
 
 def register(sub) -> None:
@@ -30,7 +32,6 @@ def run_demo(args: argparse.Namespace) -> Report:
     import portkern
     from portkern.cli.common import console
     from portkern.examples import MANIFEST
-    from portkern.examples.reference import EXAMPLES
     from portkern.portable.builder import build_file
 
     log = console(stderr=True)
@@ -42,11 +43,72 @@ def run_demo(args: argparse.Namespace) -> Report:
     store = store_from(args)
     bundle = portkern.load(args.output, store=store)
     rng = np.random.default_rng(args.seed)
+    results = run_examples(bundle, args.device, args.tune, rng, None if quiet else log)
+    opencl = run_opencl_examples(args.output.with_name("opencl-examples.pkb"), store, rng, None if quiet else log)
+    results += opencl.pop("results")
+    digests = {bundle.digest, opencl.get("digest")}
+    entries = [e for e in store.entries() if e.bundle_digest in digests]
+    data = {
+        "bundle": str(args.output),
+        "digest": built.digest,
+        "build_s": build_s,
+        "opencl": opencl,
+        "cache_dir": str(store.directory),
+        "results": results,
+        "cache": [{"kernel": e.kernel, "device": e.device_label, "config": e.config, "size": e.size, "hits": e.hits} for e in entries],
+        "ok": all(r["ok"] for r in results),
+    }
+
+    def render(out):
+        from portkern.cli.cache import entries_table
+
+        out.print(entries_table(f"`portkern cache ls` for these bundles ({store.directory})", entries))
+        verdict = "all kernels match NumPy" if data["ok"] else "SOME KERNELS DO NOT MATCH NumPy"
+        skipped = f" (OpenCL examples skipped: {opencl['skipped']})" if opencl["skipped"] else ""
+        out.print(f"{len(results)} kernels, {verdict}{skipped}")
+
+    return Report(data, render, status=0 if data["ok"] else 1)
+
+
+def run_opencl_examples(output: Path, store, rng: np.random.Generator, log) -> dict:
+    """Build the OpenCL C examples and run them on this machine's OpenCL device, if both are possible."""
+    import portkern
+    from portkern.errors import DeviceError
+    from portkern.examples import OPENCL_MANIFEST
+    from portkern.jit.devices import resolve
+    from portkern.portable.builder import build_file
+    from portkern.portable.opencl import APT_HINT, missing_tools
+
+    report = {"bundle": str(output), "skipped": None, "results": []}
+    missing = missing_tools("opencl")
+    if missing:
+        report["skipped"] = f"{', '.join(missing)} not installed ({APT_HINT})"
+    else:
+        try:
+            target = resolve("opencl", store)
+            report["skipped"] = None if target.runnable else f"{target.label}: {target.reason}"
+        except DeviceError as exc:
+            report["skipped"] = str(exc)
+    if report["skipped"]:
+        if log:
+            log.print(f"[yellow]skip[/yellow] OpenCL examples: {report['skipped']}")
+        return report
+    start = time.perf_counter()
+    built = build_file(OPENCL_MANIFEST, output, None if log is None else lambda s, i, n: log.print(f"build [{i + 1}/{n}] {s.name} (OpenCL C)"))
+    report.update(digest=built.digest, build_s=time.perf_counter() - start)
+    report["results"] = run_examples(portkern.load(output, store=store), "opencl", None, rng, log)
+    return report
+
+
+def run_examples(bundle, device: str, tune, rng: np.random.Generator, log) -> list[dict]:
+    """Finalise each kernel of an example bundle for a device, run it and compare with NumPy."""
+    from portkern.examples.reference import EXAMPLES
+
     results = []
     for name in bundle:
         example = EXAMPLES[name]
         start = time.perf_counter()
-        kernel = bundle.kernel(name, device=args.device, tune=args.tune)
+        kernel = bundle.kernel(name, device=device, tune=tune)
         ready_s = time.perf_counter() - start
         inputs = example.inputs(rng)
         outputs = kernel(*inputs)
@@ -67,27 +129,10 @@ def run_demo(args: argparse.Namespace) -> Report:
                 "ok": ok,
             }
         )
-        if not quiet:
+        if log is not None:
             mark = "[green]ok  [/green]" if ok else "[red]FAIL[/red]"
             log.print(
                 f"{mark} {name:<20} {kernel.device:<14} max|err| {err:.2e} (rtol {example.rtol:g}, atol {example.atol:g})"
                 f"  {kernel.origin} in {ready_s * 1000:.1f} ms, config {kernel.config}"
             )
-    entries = [e for e in store.entries() if e.bundle_digest == bundle.digest]
-    data = {
-        "bundle": str(args.output),
-        "digest": built.digest,
-        "build_s": build_s,
-        "cache_dir": str(store.directory),
-        "results": results,
-        "cache": [{"kernel": e.kernel, "device": e.device_label, "config": e.config, "size": e.size, "hits": e.hits} for e in entries],
-        "ok": all(r["ok"] for r in results),
-    }
-
-    def render(out):
-        rows = [[e.key[:12], e.kernel, e.device_label, e.config, human_size(e.size), e.hits] for e in entries]
-        out.print(table(f"cache {store.directory}", ["key", "kernel", "device", "config", "size", "hits"], rows))
-        verdict = "all kernels match NumPy" if data["ok"] else "SOME KERNELS DO NOT MATCH NumPy"
-        out.print(f"{len(results)} kernels, {verdict}")
-
-    return Report(data, render, status=0 if data["ok"] else 1)
+    return results

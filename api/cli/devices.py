@@ -23,7 +23,10 @@ def run_devices(args: argparse.Namespace) -> Report:
             "kind": p.kind,
             "found": bool(p.devices),
             "reason": p.reason,
-            "devices": [{**d.to_dict(), "label": d.label, "fingerprint": d.digest()} for d in p.devices],
+            "devices": [
+                {**d.to_dict(), "label": d.label, "fingerprint": d.digest(), "details": dict(info)}
+                for d, info in zip(p.devices, p.details or ({},) * len(p.devices))
+            ],
         }
         for p in probes
     ]
@@ -33,8 +36,8 @@ def run_devices(args: argparse.Namespace) -> Report:
         for p in probes:
             if not p.devices:
                 rows.append([p.kind, "-", "not found: " + (p.reason or "no device"), "-"])
-            for d in p.devices:
-                props = ", ".join(f"{k}={v}" for k, v in d.properties)
+            for d, info in zip(p.devices, p.details or ({},) * len(p.devices)):
+                props = ", ".join(f"{k}={v}" for k, v in (*d.properties, *info.items()))
                 feats = d.features.split(",")
                 shown = f"{len(feats)} features" if len(d.features) > 60 else d.features
                 rows.append([p.kind, d.label, "; ".join(x for x in (shown, props) if x), d.digest()[:16]])

@@ -17,7 +17,9 @@ COMMANDS = (
     "portkern.cli.build",
     "portkern.cli.run",
     "portkern.cli.devices",
+    "portkern.cli.cache",
     "portkern.cli.demo",
+    "portkern.cli.finalize",
     "portkern.cli.tune",
 )
 

@@ -1,0 +1,157 @@
+"""`portkern cache ls|show|stats|verify|prune|clear|export|import`."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from portkern.cli.common import Report, add_cache_dir, add_json, human_age, human_size, store_from, table
+from portkern.errors import CacheError
+
+
+def register(sub) -> None:
+    cache = sub.add_parser("cache", help="inspect and manage the per-device cache")
+    actions = cache.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def action(name: str, help: str, handler):
+        p = actions.add_parser(name, help=help)
+        add_cache_dir(p)
+        add_json(p)
+        p.set_defaults(handler=handler)
+        return p
+
+    ls = action("ls", "list cached native code", run_ls)
+    ls.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    show = action("show", "everything about one entry", run_show)
+    show.add_argument("key", help="entry key or a unique prefix of it")
+    action("stats", "entries, bytes, hits and misses, per device", run_stats)
+    action("verify", "re-hash every entry; evict corrupt ones (exit 1 if any)", run_verify)
+    prune = action("prune", "evict old entries or shrink to a size", run_prune)
+    prune.add_argument("--max-size", help="evict least recently used entries until the cache fits, e.g. 500MB")
+    prune.add_argument("--older-than", help="evict entries not used for this long, e.g. 30d, 12h")
+    clear = action("clear", "remove everything, or one device's entries", run_clear)
+    clear.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    export = action("export", "write native code and tuning results to a file", run_export)
+    export.add_argument("file", type=Path)
+    export.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    imp = action("import", "add an exported file's entries to this cache", run_import)
+    imp.add_argument("file", type=Path)
+
+
+def entries_table(title: str, entries: list):
+    """The `cache ls` table of cache entries."""
+    now = time.time()
+    rows = [
+        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now), e.hits]
+        for e in entries
+    ]
+    return table(title, ["key", "kernel", "bundle", "device", "config", "size", "age", "hits"], rows)
+
+
+def run_ls(args: argparse.Namespace) -> Report:
+    from portkern.cache.store import matches_device
+
+    store = store_from(args)
+    entries = [e for e in store.entries() if args.device is None or matches_device(e.device, args.device)]
+    return Report([asdict(e) for e in entries], lambda out: out.print(entries_table(f"{store.directory}: {len(entries)} entries", entries)))
+
+
+def run_show(args: argparse.Namespace) -> Report:
+    store = store_from(args)
+    matches = [e for e in store.entries() if e.key.startswith(args.key.lower())]
+    if not matches:
+        raise CacheError(f"no cache entry with key {args.key!r}")
+    if len(matches) > 1:
+        raise CacheError(f"key prefix {args.key!r} matches {len(matches)} entries; give more of it")
+    entry = matches[0]
+    data = asdict(entry)
+
+    def render(out):
+        for name, value in data.items():
+            if name == "device":
+                value = ", ".join(f"{k}={v}" for k, v in value.items() if k != "features") + f", {len(value.get('features', '').split(','))} features"
+            elif name in ("created", "last_used") and value:
+                value = f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(value))} ({human_age(value)} ago)"
+            elif name == "size":
+                value = f"{value} ({human_size(value)})"
+            elif name == "flags":
+                value = " ".join(value)
+            out.print(f"[bold]{name:>14}[/bold]  {value}")
+
+    return Report(data, render)
+
+
+def run_stats(args: argparse.Namespace) -> Report:
+    stats = store_from(args).stats()
+
+    def render(out):
+        looked = stats["hits"] + stats["misses"]
+        rate = f" ({100 * stats['hits'] / looked:.0f}% hits)" if looked else ""
+        out.print(f"{stats['directory']}: {stats['entries']} entries, {human_size(stats['bytes'])} of {human_size(stats['max_size'])}, "
+                  f"{stats['tuning_results']} tuning results, {stats['hits']} hits / {stats['misses']} misses{rate}")
+        rows = [[d, v["entries"], human_size(v["bytes"]), v["hits"]] for d, v in sorted(stats["devices"].items())]
+        out.print(table("per device", ["device", "entries", "size", "hits"], rows))
+
+    return Report(stats, render)
+
+
+def run_verify(args: argparse.Namespace) -> Report:
+    store = store_from(args)
+    checked = len(store.entries())
+    bad = store.verify()
+    data = {
+        "checked": checked,
+        "corrupt": [{"key": key, "kernel": e.kernel if e else None, "device": e.device_label if e else None, "problem": problem} for e, key, problem in bad],
+    }
+
+    def render(out):
+        for item in data["corrupt"]:
+            out.print(f"[red]evicted[/red] {item['key'][:12]} {item['kernel'] or '-'} on {item['device'] or '-'}: {item['problem']}")
+        verdict = f"{len(bad)} corrupt entries evicted" if bad else "all intact"
+        out.print(f"verified {checked} entries: {verdict}")
+
+    return Report(data, render, status=1 if bad else 0)
+
+
+def run_prune(args: argparse.Namespace) -> Report:
+    from portkern.cache.config import parse_age, parse_size
+
+    if args.max_size is None and args.older_than is None:
+        raise CacheError("prune needs --max-size and/or --older-than")
+    store = store_from(args)
+    evicted = store.prune(
+        max_size=parse_size(args.max_size) if args.max_size else None,
+        older_than=parse_age(args.older_than) if args.older_than else None,
+    )
+    data = {"evicted": [{"key": e.key, "kernel": e.kernel, "device": e.device_label, "size": e.size} for e in evicted]}
+    return Report(data, lambda out: out.print(f"evicted {len(evicted)} entries, {human_size(sum(e.size for e in evicted))}"))
+
+
+def run_clear(args: argparse.Namespace) -> Report:
+    removed = store_from(args).clear(args.device)
+    what = f"entries of {args.device}" if args.device else "entries (and all tuning results)"
+    return Report({"removed": removed, "device": args.device}, lambda out: out.print(f"removed {removed} {what}"))
+
+
+def run_export(args: argparse.Namespace) -> Report:
+    from portkern.cache.transfer import export
+
+    report = export(store_from(args), args.file, device=args.device)
+    return Report(report.to_dict(), lambda out: out.print(
+        f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}"))
+
+
+def run_import(args: argparse.Namespace) -> Report:
+    from portkern.cache.transfer import import_
+
+    report = import_(store_from(args), args.file)
+
+    def render(out):
+        for reason in report.rejected:
+            out.print(f"[red]rejected[/red] {reason}")
+        out.print(f"imported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results; "
+                  f"{report.skipped} already here, {len(report.rejected)} rejected")
+
+    return Report(report.to_dict(), render, status=1 if report.rejected else 0)

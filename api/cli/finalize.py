@@ -1,0 +1,87 @@
+"""`portkern finalize`: native code for named targets, ahead of time, into the cache.
+
+On a host without the device (`--target gfx942`, `cuda:sm_90`, `cpu:znver4`):
+the entries are stored under that target's fingerprint and are served only to
+a device with exactly that fingerprint; `--export FILE` ships them to a fleet.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from portkern.cli.common import Report, add_cache_dir, add_json, human_size, store_from, table
+from portkern.errors import PortkernError
+
+
+def register(sub) -> None:
+    fin = sub.add_parser("finalize", help="finalise a bundle's kernels for named targets into the cache")
+    fin.add_argument("bundle", type=Path)
+    fin.add_argument(
+        "--target",
+        action="append",
+        required=True,
+        metavar="TARGETS",
+        help="target(s), comma-separated or repeated: gfx942, gfx90a:xnack-, cuda:sm_90, cpu:znver4, cpu",
+    )
+    fin.add_argument("--kernel", action="append", metavar="NAME", help="only these kernels (default: all)")
+    fin.add_argument("--export", type=Path, metavar="FILE", help="also write the entries to an export file")
+    add_cache_dir(fin)
+    add_json(fin)
+    fin.set_defaults(handler=run_finalize)
+
+
+def run_finalize(args: argparse.Namespace) -> Report:
+    import portkern
+    from portkern.jit import codeobject, devices
+
+    transfer = exporter() if args.export else None
+    store = store_from(args)
+    bundle = portkern.load(args.bundle, store=store)
+    specs = [spec for value in args.target for spec in devices.split(value)]
+    targets = [devices.resolve(spec, store) for spec in specs]
+    names = args.kernel or bundle.names()
+    records = [bundle.record(name) for name in names]
+    rows = []
+    for target in targets:
+        for record in records:
+            row = {"kernel": record.name, "target": target.label, "fingerprint": target.fingerprint.digest()}
+            try:
+                native = bundle.native(record, target)
+            except PortkernError as exc:
+                rows.append({**row, "ok": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
+                continue
+            rows.append(
+                {
+                    **row,
+                    "ok": True,
+                    "key": native.key,
+                    "origin": native.origin,
+                    "size": len(native.data),
+                    "finalize_s": native.finalize_s,
+                    "code": codeobject.inspect(native.data).summary() if target.family != "any" else "host code",
+                }
+            )
+    keys = [r["key"] for r in rows if r["ok"]]
+    exported = transfer.export(store, args.export, keys=keys).to_dict() if transfer is not None else None
+    data = {"bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
+
+    def render(out):
+        shown = [
+            [r["kernel"], r["target"], r.get("origin", "FAILED"), human_size(r["size"]) if r["ok"] else "-", r.get("code") or r.get("error")]
+            for r in rows
+        ]
+        out.print(table(f"finalised into {store.directory}", ["kernel", "target", "origin", "size", "code"], shown))
+        if exported:
+            out.print(f"exported {exported['entries']} entries ({human_size(exported['bytes'])}) to {exported['path']}")
+
+    return Report(data, render, status=0 if all(r["ok"] for r in rows) else 1)
+
+
+def exporter():
+    """The cache's transfer module (export/import of entries)."""
+    try:
+        from portkern.cache import transfer
+    except ImportError:
+        raise PortkernError("--export needs portkern.cache.transfer, which this portkern does not have") from None
+    return transfer

@@ -1,0 +1,140 @@
+"""The framing shared by portkern's files (bundles, cache exports): a checked msgpack payload.
+
+    magic    8 bytes
+    major    u16 BE
+    minor    u16 BE
+    length   u64 BE    payload length
+    digest   32 bytes  sha256 of the payload
+    payload  msgpack, exactly `length` bytes
+
+Readers bound every size and refuse msgpack extension types, so a hostile file
+can cost no more than its own size to reject.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+HEADER = struct.Struct(">8sHHQ32s")
+HEADER_SIZE = HEADER.size
+
+
+@dataclass(frozen=True)
+class Format:
+    """One file format: its magic, version, limits and the errors it raises."""
+
+    what: str
+    magic: bytes
+    major: int
+    minor: int
+    truncated: type[Exception]
+    bad_magic: type[Exception]
+    unsupported: type[Exception]
+    digest: type[Exception]
+    oversize: type[Exception]
+    malformed: type[Exception]
+    max_bin: int = 2 << 30
+    max_str: int = 64 << 10
+    max_items: int = 1 << 16
+
+    @classmethod
+    def with_error(cls, what: str, magic: bytes, major: int, minor: int, error: type[Exception]) -> "Format":
+        """A format whose every failure raises the same error type."""
+        return cls(what, magic, major, minor, error, error, error, error, error, error)
+
+
+def pack(fmt: Format, document: Any) -> bytes:
+    """Header + msgpack payload of `document` (maps keep their insertion order)."""
+    payload = msgpack.packb(document, use_bin_type=True)
+    return HEADER.pack(fmt.magic, fmt.major, fmt.minor, len(payload), hashlib.sha256(payload).digest()) + payload
+
+
+def unpack(fmt: Format, data: bytes) -> tuple[tuple[int, int], str, Any]:
+    """((major, minor), digest hex, decoded payload) of a framed file, or a typed error."""
+    magic = fmt.magic
+    if len(data) < len(magic) or data[: len(magic)] != magic:
+        if len(data) < len(magic) and magic.startswith(data):
+            raise fmt.truncated(f"truncated: {len(data)} bytes, shorter than the {fmt.what} header")
+        raise fmt.bad_magic(f"not a portkern {fmt.what} (wrong magic bytes)")
+    if len(data) < HEADER_SIZE:
+        raise fmt.truncated(f"truncated: {len(data)} bytes, shorter than the {HEADER_SIZE}-byte header")
+    _, major, minor, length, digest = HEADER.unpack_from(data)
+    if major != fmt.major or minor > fmt.minor:
+        raise fmt.unsupported(
+            f"{fmt.what} format version {major}.{minor} is not supported "
+            f"(this portkern reads {fmt.major}.0 to {fmt.major}.{fmt.minor})"
+        )
+    payload = memoryview(data)[HEADER_SIZE:]
+    if len(payload) < length:
+        raise fmt.truncated(f"truncated: payload has {len(payload)} of {length} bytes")
+    if len(payload) > length:
+        raise fmt.malformed(f"{len(payload) - length} unexpected bytes after the payload")
+    if hashlib.sha256(payload).digest() != digest:
+        raise fmt.digest(f"{fmt.what} digest does not match its content (corrupted or modified)")
+    return (major, minor), digest.hex(), _decode(fmt, payload)
+
+
+def meta_and_blobs(
+    document: Any, schema: str, error: type[Exception], validate: bool = True
+) -> tuple[dict, dict[str, bytes]]:
+    """A payload's `meta` (checked against the named JSON schema unless `validate` is
+    False) and `blobs` (name -> bytes)."""
+    from portkern.schemas import validator
+
+    if not isinstance(document, dict) or set(document) != {"meta", "blobs"}:
+        raise error("payload must be a map with exactly the keys 'meta' and 'blobs'")
+    meta, blobs = document["meta"], document["blobs"]
+    if not isinstance(blobs, dict) or not all(isinstance(v, bytes) for v in blobs.values()):
+        raise error("'blobs' must map sha256 names to bytes")
+    if not validate:
+        return meta, blobs
+    problems = sorted(validator(schema).iter_errors(meta), key=lambda e: list(e.absolute_path))
+    if problems:
+        where = "/".join(map(str, problems[0].absolute_path)) or "meta"
+        raise error(f"metadata does not match the {schema} schema at {where}: {problems[0].message[:300]}")
+    return meta, blobs
+
+
+def _decode(fmt: Format, payload: memoryview) -> Any:
+    try:
+        return msgpack.unpackb(
+            payload,
+            raw=False,
+            use_list=True,
+            strict_map_key=True,
+            max_bin_len=fmt.max_bin,
+            max_str_len=fmt.max_str,
+            max_array_len=fmt.max_items,
+            max_map_len=fmt.max_items,
+            max_ext_len=0,
+        )
+    except ValueError as exc:
+        if "exceeds max" in str(exc):
+            raise fmt.oversize(f"a field is larger than the reader allows ({exc})") from None
+        raise fmt.malformed(f"payload is not valid msgpack ({exc})") from None
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise fmt.malformed(f"payload is not valid msgpack ({type(exc).__name__}: {exc})") from None
+
+
+def write_atomic(path: str | Path, data: bytes, error: type[Exception]) -> None:
+    """Write a file whole or not at all (temp file in the same directory, then rename)."""
+    path = Path(path)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise error(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

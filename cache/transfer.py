@@ -1,0 +1,132 @@
+"""`portkern cache export/import`: native code and tuning results moved between machines.
+
+An export file is framed like a bundle (`portkern.framing`, magic
+`\\x89PKX\\r\\n\\x1a\\n`); its payload is `{"meta": <schemas/cache-export.schema.json>,
+"blobs": {<sha256>: <artifact bytes>}}`. Import treats the file as untrusted:
+it checks the schema, every artifact's hash, and recomputes every key from the
+parts the entry states, so an entry can only ever be served to the device it
+was built for. Entries for other devices are kept (a fleet file may carry many)
+but never match this one; a local entry that is intact is never replaced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from portkern import framing
+from portkern.cache.device import DeviceFingerprint
+from portkern.cache.keys import artifact_key, tuning_key
+from portkern.cache.store import Entry, Store, matches_device
+from portkern.errors import CacheError
+
+MAGIC = b"\x89PKX\r\n\x1a\n"
+FORMAT = framing.Format.with_error("cache export", MAGIC, 1, 0, CacheError)
+MAX_EXPORT_BYTES = 16 << 30
+
+
+@dataclass
+class TransferReport:
+    """What an export or import moved, and what it refused."""
+
+    path: str
+    entries: int = 0
+    records: int = 0
+    bytes: int = 0
+    skipped: int = 0
+    rejected: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "path": self.path,
+            "entries": self.entries,
+            "records": self.records,
+            "bytes": self.bytes,
+            "skipped": self.skipped,
+            "rejected": self.rejected,
+        }
+
+
+def export(store: Store, path: str | Path, *, device: str | None = None, keys: Iterable[str] | None = None) -> TransferReport:
+    """Write the store's artifacts and tuning results (optionally one device's, or some keys) to a file."""
+    wanted = set(keys) if keys is not None else None
+    entries, blobs = [], {}
+    for entry in store.entries():
+        if wanted is not None and entry.key not in wanted:
+            continue
+        if device is not None and not matches_device(entry.device, device):
+            continue
+        data = store.read_raw(entry.key)
+        if data is None or hashlib.sha256(data).hexdigest() != entry.sha256:
+            continue  # corrupt entries stay behind; `portkern cache verify` reports them
+        entries.append(_exportable(entry))
+        blobs[entry.sha256] = data
+    records = []
+    if wanted is None:
+        for key, record in store.records("t"):
+            if all(k in record for k in ("problem", "device", "compiler")):
+                if device is None or matches_device(record["device"], device):
+                    records.append({"kind": "t", "key": key, "record": record})
+    meta = {"format": "portkern-cache-export", "version": [FORMAT.major, FORMAT.minor], "entries": entries, "records": records}
+    data = framing.pack(FORMAT, {"meta": meta, "blobs": {sha: blobs[sha] for sha in sorted(blobs)}})
+    framing.write_atomic(path, data, CacheError)
+    return TransferReport(str(path), len(entries), len(records), sum(len(b) for b in blobs.values()))
+
+
+def import_(store: Store, path: str | Path) -> TransferReport:
+    """Add an export file's entries and tuning results to the store; refuse anything that does not check out."""
+    path = Path(path)
+    try:
+        if path.stat().st_size > MAX_EXPORT_BYTES:
+            raise CacheError(f"{path}: larger than the {MAX_EXPORT_BYTES}-byte export limit")
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise CacheError(f"cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        _, _, document = framing.unpack(FORMAT, raw)
+        meta, blobs = framing.meta_and_blobs(document, "cache-export", CacheError)
+    except CacheError as exc:
+        raise CacheError(f"{path}: {exc}") from None
+    report = TransferReport(str(path))
+    for item in meta["entries"]:
+        _import_entry(store, Entry(**item), blobs, report)
+    for item in meta["records"]:
+        record = item["record"]
+        device = DeviceFingerprint.from_dict(record["device"])
+        if tuning_key(record["problem"], device, record["compiler"]) != item["key"]:
+            report.rejected.append(f"tuning result {item['key'][:12]}: key does not match its problem/device/compiler")
+            continue
+        if store.put_record("t", item["key"], record):
+            report.records += 1
+    return report
+
+
+def _import_entry(store: Store, entry: Entry, blobs: dict[str, bytes], report: TransferReport) -> None:
+    name = f"{entry.kernel} on {entry.device_label} ({entry.key[:12]})"
+    data = blobs.get(entry.sha256)
+    if data is None or len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+        report.rejected.append(f"{name}: artifact missing or does not match its sha256")
+        return
+    device = DeviceFingerprint.from_dict(entry.device)
+    if device.label != entry.device_label:
+        report.rejected.append(f"{name}: device label does not match its fingerprint")
+        return
+    expected = artifact_key(entry.kernel_digest, device, entry.compiler, entry.config, entry.flags).hex
+    if expected != entry.key:
+        report.rejected.append(f"{name}: key does not match the kernel, device, compiler, config and flags it states")
+        return
+    if store.get(entry.key, count=False) is not None:
+        report.skipped += 1
+        return
+    entry.hits = 0
+    entry.last_used = 0.0
+    if store.put(entry.key, data, entry):
+        report.entries += 1
+        report.bytes += len(data)
+
+
+def _exportable(entry: Entry) -> dict:
+    data = Entry.from_json(entry.to_json()).__dict__
+    return {k: v for k, v in data.items() if v is not None or k == "kernel_time_s"}

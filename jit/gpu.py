@@ -1,0 +1,152 @@
+"""What the GPU backends (AMD, NVIDIA) share: the real target attribute of an arch,
+targets, and fitting a bundle stage to a target.
+
+GPU targets are selected by attribute, not by compiler flags: the real
+`#hal.executable.target` of the arch replaces the placeholder in a family stage
+(or is attached to a flow stage), and one flag-less compiler session serves
+every arch. The real attribute is what IREE itself resolves for the arch,
+read from a tiny module lowered to `executable-sources` (memoised in the store).
+
+A GPU backend module has, besides `KIND`, `probe` and `target`:
+`NAME` (for messages), `DRIVER` (IREE runtime driver), `canonical(arch)`
+(validated arch name or `DeviceError`), `executable_target(arch, store)` and
+`device_arch(arch)` (the arch a device that runs such code reports).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import threading
+from types import ModuleType
+from typing import Callable
+
+from portkern.cache.device import DeviceFingerprint
+from portkern.cache.store import Store
+from portkern.errors import CompileError, DeviceError, FinalizeError
+from portkern.jit.target import Probe, Target
+from portkern.portable.bundle import Stage
+from portkern.portable.family import FAMILY_PHASE, attach, executable_targets, family, replace
+from portkern.portable.lower import PORTABLE_PHASE
+from portkern.portable.producer import installed_compiler
+
+#: Bump when the way target attributes are made changes, so memoised ones are not reused.
+TARGETS_VERSION = 1
+#: Lowered to `executable-sources`, its variant carries the target IREE resolves for the flags.
+_PROBE_MODULE = """func.func @probe(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
+  %0 = arith.addf %a, %b : tensor<4xf32>
+  return %0 : tensor<4xf32>
+}"""
+
+_memo: dict[str, str] = {}
+_memo_lock = threading.Lock()
+
+
+def resolved_target(flags: tuple[str, ...]) -> str:
+    """The `#hal.executable.target` IREE resolves for target flags (whose arch must be validated first)."""
+    from portkern.portable.compiler import Compiler
+
+    try:
+        compiler = Compiler(flags)
+        module = compiler.lower(compiler.parse(_PROBE_MODULE), from_phase="start", to_phase=FAMILY_PHASE, name="probe")
+    except CompileError as exc:
+        raise DeviceError(f"IREE cannot target {' '.join(flags)}: {exc}") from None
+    targets = executable_targets(module)
+    if not targets:
+        raise DeviceError(f"IREE resolved no executable target for {' '.join(flags)}")
+    if "iree_codegen.target_info" not in targets[0]:
+        raise DeviceError(f"IREE {installed_compiler().version} has no GPU description for {' '.join(flags)}")
+    return targets[0]
+
+
+def memoised_target(kind: str, arch: str, make, store: Store | None) -> str:
+    """`make()` once per kind, arch and compiler: in this process, and in the store across processes."""
+    compiler = installed_compiler()
+    memo = hashlib.sha256(
+        f"gpu-target|{TARGETS_VERSION}|{kind}|{arch}|{compiler.version}|{compiler.revision}".encode()
+    ).hexdigest()
+    with _memo_lock:
+        text = _memo.get(memo)
+    record = store.get_record("p", memo) if store is not None else None
+    stored = record.get("executable_target") if isinstance(record, dict) else None
+    if text is None:
+        text = stored if isinstance(stored, str) else make()
+    if store is not None and stored != text:
+        store.put_record("p", memo, {"kind": kind, "arch": arch, "executable_target": text})
+    with _memo_lock:
+        _memo[memo] = text
+    return text
+
+
+def probe_once(read: Callable[[], Probe], doc: str) -> Callable[..., Probe]:
+    """A backend's `probe(store=None)`: `read()` (which must never raise) run once per process."""
+    cached = functools.lru_cache(maxsize=1)(read)
+
+    def probe(store: Store | None = None) -> Probe:
+        return cached()
+
+    probe.__doc__ = doc
+    probe.cache_clear = cached.cache_clear  # type: ignore[attr-defined]
+    return probe
+
+
+@functools.lru_cache(maxsize=None)
+def driver_problem(driver: str) -> str:
+    """Why IREE's runtime driver cannot run code here ("" when it can)."""
+    try:
+        import iree.runtime as rt
+
+        found = rt.get_driver(driver).query_available_devices()
+    except (RuntimeError, ValueError) as exc:
+        return f"IREE's {driver} driver is not usable: {first_line(exc)}"
+    return "" if found else f"IREE's {driver} driver sees no device"
+
+
+def first_line(exc: BaseException) -> str:
+    """The first non-empty line of an exception's message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
+def make_target(backend: ModuleType, arch: str | None, store: Store | None) -> Target:
+    """The target for a named arch, or (arch None) for this machine's first device."""
+    probe = backend.probe(store)
+    if arch in (None, ""):
+        if not probe.devices:
+            raise DeviceError(f"no {backend.NAME} here: {probe.reason}")
+        fingerprint = probe.devices[0]
+    else:
+        fingerprint = DeviceFingerprint(backend.KIND, backend.canonical(arch))
+    executable_target = backend.executable_target(fingerprint.arch, store)
+    if any(d.arch == backend.device_arch(fingerprint.arch) for d in probe.devices):
+        reason = driver_problem(backend.DRIVER)
+    else:
+        seen = ", ".join(d.label for d in probe.devices)
+        reason = f"no {backend.NAME} of arch {backend.device_arch(fingerprint.arch)} here ({probe.reason or 'found ' + seen})"
+    return Target(fingerprint, (), backend.KIND, backend.DRIVER, not reason, reason, executable_target)
+
+
+def fit(module, stage: Stage, target: Target) -> None:
+    """Write the target's attribute into a freshly parsed stage module, in place: in
+    place of the placeholder of a family stage, or as the module's target for a flow stage."""
+    if not target.executable_target:
+        if stage.placeholder is not None:
+            raise FinalizeError(f"the {stage.family} stage needs a GPU target, not {target.label}")
+        return
+    fam = family(target.family)
+    try:
+        if stage.placeholder is not None:
+            if stage.family != fam.name or stage.placeholder != fam.placeholder or stage.phase != FAMILY_PHASE:
+                raise FinalizeError(
+                    f"stage {stage.family}/{stage.phase} with placeholder {stage.placeholder!r} "
+                    f"is not a {fam.name} stage this portkern can finalise"
+                )
+            replace(module, fam, target.executable_target, expect=fam.placeholder)
+        elif stage.phase == PORTABLE_PHASE:
+            attach(module, fam, target.executable_target)
+        else:
+            raise FinalizeError(f"a {stage.phase} stage without placeholder cannot be finalised for {target.label}")
+    except CompileError as exc:
+        if isinstance(exc, FinalizeError):
+            raise
+        raise FinalizeError(f"{target.label}: {exc}") from None

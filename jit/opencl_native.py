@@ -1,0 +1,265 @@
+"""OpenCL kernels on the device: SPIR-V (or SPIR 1.2) to a native program binary, and running it.
+
+Finalising builds the program from the stage the device takes -- SPIR-V IL
+when the device reads the module's SPIR-V version, else the SPIR 1.2 bitcode
+made on the build host -- then launches the kernel on zero-filled inputs of
+shapes its launch description allows, and only then reads the program
+binary: PoCL compiles native code at a kernel's first launch, and a binary
+read earlier holds only IR. PoCL also compiles one work-group function for
+grids narrower than 65535 items ("smallgrid") and another for wider ones, so
+there is one launch of each kind. Later runs build the program from the binary.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from portkern.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, PortkernError
+from portkern.jit import opencl
+from portkern.jit.args import bind_launch
+from portkern.jit.target import Target
+from portkern.portable import spirv
+from portkern.portable.bundle import Bundle, KernelRecord, Stage
+from portkern.portable.launch import Launch, Variant, launch_of
+
+#: The native artifact format (`Entry.format`, `NativeArtifact.format`).
+FORMAT = "opencl-binary"
+#: Symbol values tried, in order, for the small finalising launch.
+SCRATCH_SIZES = (16, 64, 256, 1, 2, 4, 8, 32, 128, 512, 1024)
+#: A global size at least this wide gets PoCL's generic (not "smallgrid") code.
+WIDE_GRID = 1 << 16
+#: Largest inputs plus results a finalising launch may allocate.
+MAX_SCRATCH_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a kernel is built for a device: which variant, from which stage, with which options."""
+
+    launch: Launch
+    variant: Variant
+    stage: Stage
+    options: tuple[str, ...]
+
+    @property
+    def key_flags(self) -> tuple[str, ...]:
+        """Everything besides the stage that changes the native binary."""
+        local = "x".join(map(str, self.variant.local)) if self.variant.local else "driver"
+        return (*self.options, f"local={local}")
+
+
+def compiler_id() -> str:
+    """The device-side toolchain (the driver's version is in the device fingerprint)."""
+    return f"opencl pyopencl {opencl.pyopencl().VERSION_TEXT}"
+
+
+def select_variant(name: str, launch: Launch, target: Target) -> Variant:
+    """The variant built for the device's sub-group size, else the one for any size."""
+    sizes = [int(s) for s in target.fingerprint.property("subgroup_sizes").split(",") if s]
+    for variant in launch.variants:
+        if variant.subgroup_size in sizes:
+            return variant
+    for variant in launch.variants:
+        if variant.subgroup_size is None:
+            return variant
+    built = ", ".join(str(v.subgroup_size) for v in launch.variants)
+    has = f"sub-group size {', '.join(map(str, sizes))}" if sizes else "no known sub-group size"
+    raise DeviceError(f"kernel {name!r} is built for sub-group sizes {built}; {target.label} has {has}")
+
+
+def plan(bundle: Bundle, record: KernelRecord, target: Target) -> Plan:
+    """The build plan; DeviceError if the device lacks what the kernel needs."""
+    launch = launch_of(record)
+    variant = select_variant(record.name, launch, target)
+    stages = {record.stages[i].format: record.stages[i] for i in variant.stages}
+    module = _module(bundle, stages["spirv"], record.name)
+    fp = target.fingerprint
+    extensions = fp.features.split(",")
+    for needed, have, what in (
+        (module.uses_subgroups, fp.property("subgroups") == "1", "sub-groups"),
+        (module.needs_fp64, "cl_khr_fp64" in extensions, "double precision (cl_khr_fp64)"),
+        (module.needs_fp16, "cl_khr_fp16" in extensions, "half precision (cl_khr_fp16)"),
+    ):
+        if needed and not have:
+            raise DeviceError(f"kernel {record.name!r} uses {what}, which {target.label} does not support")
+    il = [tuple(map(int, v.split("."))) for v in fp.property("il_versions").split(",") if v]
+    if any(version >= module.version for version in il):
+        return Plan(launch, variant, stages["spirv"], ())
+    if fp.property("spir") and "spir-bitcode" in stages:
+        return Plan(launch, variant, stages["spir-bitcode"], opencl.SPIR_OPTIONS)
+    takes = f"SPIR-V {', '.join(fp.property('il_versions').split(','))}" if il else "no SPIR-V IL"
+    raise DeviceError(
+        f"kernel {record.name!r} is SPIR-V {module.version_text}; {target.label} takes {takes}"
+        + ("" if fp.property("spir") else " and no SPIR 1.2")
+    )
+
+
+def finalize(bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
+    """The native program binary for a kernel on an OpenCL device."""
+    cl = opencl.pyopencl()
+    chosen = plan(bundle, record, target)
+    ctx, _ = opencl.context(target)
+    dev = opencl.device(target)
+    data = bundle.blob(chosen.stage.blob)
+    try:
+        program = cl.Program(ctx, data) if chosen.stage.format == "spirv" else cl.Program(ctx, [dev], [data])
+        program.build(options=list(chosen.options), devices=[dev])
+    except cl.Error as exc:
+        raise FinalizeError(f"{target.label}: the OpenCL driver cannot build {record.name!r}: {_log(exc)}") from None
+    kernel = ClKernel(program, record, chosen.launch, chosen.variant, target)
+    for shapes in scratch_shapes(chosen.launch, chosen.variant):
+        inputs = [np.zeros(shape, arg.dtype) for shape, arg in zip(shapes, chosen.launch.inputs)]
+        try:
+            kernel(*inputs)
+        except PortkernError as exc:
+            raise FinalizeError(f"{target.label}: the finalising launch of {record.name!r} failed: {exc}") from None
+    try:
+        (binary,) = program.get_info(cl.program_info.BINARIES)
+    except (cl.Error, ValueError) as exc:
+        raise FinalizeError(f"{target.label}: cannot read the program binary of {record.name!r}: {exc}") from None
+    if not binary:
+        raise FinalizeError(f"{target.label}: the OpenCL driver returned an empty binary for {record.name!r}")
+    return bytes(binary)
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """Symbol values for a finalising launch, the input shapes and the global size they give."""
+
+    symbols: dict[str, int]
+    shapes: list[tuple[int, ...]]
+    global_size: tuple[int, ...]
+
+
+def scratch_shapes(launch: Launch, variant: Variant) -> list[list[tuple[int, ...]]]:
+    """Input shapes for the finalising launches: a small grid, then a wide one where the
+    launch description allows it. None when no small shape satisfies it (for instance
+    when input shapes refer to other inputs' shapes); the driver then compiles at the
+    first call instead."""
+    symbols = sorted(launch.symbols)
+    candidates = (_scratch(launch, variant, dict.fromkeys(symbols, size)) for size in SCRATCH_SIZES)
+    small = next(filter(None, candidates), None)
+    if small is None:
+        return []
+    found = [small]
+    if max(small.global_size) < WIDE_GRID:
+        for name in symbols:
+            wider = (_scratch(launch, variant, {**small.symbols, name: 1 << bits}) for bits in range(5, 25))
+            wide = next((w for w in wider if w and max(w.global_size) >= WIDE_GRID), None)
+            if wide:
+                found.append(wide)
+                break
+    return [item.shapes for item in found]
+
+
+def _scratch(launch: Launch, variant: Variant, symbols: dict[str, int]) -> Scratch | None:
+    """The launch for these symbol values, if the description accepts them and it fits the memory bound."""
+    try:
+        shapes = [tuple(d.evaluate(symbols, {}) for d in arg.shape) for arg in launch.inputs]
+        views = [np.broadcast_to(np.zeros((), arg.dtype), shape) for shape, arg in zip(shapes, launch.inputs)]
+        bound = bind_launch("scratch", launch, variant.local, views)
+    except (PortkernError, ValueError):
+        return None
+    total = sum(v.nbytes for v in views)
+    total += sum(math.prod(shape) * np.dtype(arg.dtype).itemsize for arg in launch.outputs if (shape := bound.shapes.get(arg.name)))
+    if not all(bound.global_size) or total > MAX_SCRATCH_BYTES:
+        return None
+    return Scratch(symbols, shapes, bound.global_size)
+
+
+class Executable:
+    """A kernel loaded from its native program binary; call it with the checked input arrays."""
+
+    def __init__(self, binary: bytes, record: KernelRecord, target: Target) -> None:
+        cl = opencl.pyopencl()
+        launch = launch_of(record)
+        variant = select_variant(record.name, launch, target)
+        ctx, _ = opencl.context(target)
+        try:
+            program = cl.Program(ctx, [opencl.device(target)], [binary]).build()
+        except cl.Error as exc:
+            raise KernelRuntimeError(f"cannot load the OpenCL binary of {record.name!r}: {_log(exc)}") from None
+        self._kernel = ClKernel(program, record, launch, variant, target)
+        self.entry = record.entry
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        return self._kernel(*arrays)
+
+
+class ClKernel:
+    """A built program's kernel with its launch description."""
+
+    def __init__(self, program, record: KernelRecord, launch: Launch, variant: Variant, target: Target) -> None:
+        cl = opencl.pyopencl()
+        self.name = record.name
+        self.launch = launch
+        self.local = variant.local
+        self.target = target
+        self._ctx, self._queue = opencl.context(target)
+        self._lock = threading.Lock()
+        try:
+            self._kernel = cl.Kernel(program, record.entry)
+            allowed = self._kernel.get_work_group_info(cl.kernel_work_group_info.WORK_GROUP_SIZE, opencl.device(target))
+        except cl.Error as exc:
+            raise KernelRuntimeError(f"{record.name}: no usable kernel {record.entry!r} in the program: {exc}") from None
+        if self.local is not None and math.prod(self.local) > allowed:
+            raise DeviceError(
+                f"kernel {record.name!r}: work-group of {math.prod(self.local)} items is more than "
+                f"{target.label} allows for it ({allowed})"
+            )
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        cl = opencl.pyopencl()
+        bound = bind_launch(self.name, self.launch, self.local, arrays)
+        inputs = dict(zip((a.name for a in self.launch.inputs), arrays))
+        flags = cl.mem_flags
+        values, results = [], []
+        with self._lock:
+            try:
+                for arg in self.launch.args:
+                    if not arg.is_buffer:
+                        values.append(bound.scalars[arg.name] if arg.value is not None else inputs[arg.name][()])
+                        continue
+                    host = np.empty(bound.shapes[arg.name], arg.dtype) if arg.role == "out" else inputs[arg.name]
+                    if arg.role == "inout":
+                        host = host.copy()
+                    access = {"in": flags.READ_ONLY, "out": flags.WRITE_ONLY, "inout": flags.READ_WRITE}[arg.role]
+                    if arg.role != "out" and host.nbytes:
+                        buffer = cl.Buffer(self._ctx, access | flags.COPY_HOST_PTR, hostbuf=host)
+                    else:
+                        buffer = cl.Buffer(self._ctx, access, size=max(host.nbytes, host.itemsize))
+                    values.append(buffer)
+                    if arg.is_output:
+                        results.append((host, buffer))
+                if all(bound.global_size):
+                    self._kernel.set_args(*values)
+                    cl.enqueue_nd_range_kernel(self._queue, self._kernel, bound.global_size, self.local)
+                for host, buffer in results:
+                    if host.nbytes:
+                        cl.enqueue_copy(self._queue, host, buffer)
+                self._queue.finish()
+            except cl.Error as exc:
+                raise KernelRuntimeError(f"{self.name} on {self.target.label}: {exc}") from None
+        return [host for host, _ in results]
+
+
+@functools.lru_cache(maxsize=256)
+def _read_module(data: bytes) -> spirv.Module:
+    return spirv.read(data)
+
+
+def _module(bundle: Bundle, stage: Stage, name: str) -> spirv.Module:
+    try:
+        return _read_module(bundle.blob(stage.blob))
+    except CompileError as exc:
+        raise FinalizeError(f"kernel {name!r}: its SPIR-V stage is unreadable: {exc}") from None
+
+
+def _log(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return " | ".join(dict.fromkeys(lines))[:1500] or type(exc).__name__

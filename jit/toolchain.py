@@ -1,0 +1,81 @@
+"""The two ways a bundle's kernel becomes native code: IREE (MLIR stages) and OpenCL (SPIR-V stages).
+
+The loader asks `toolchain_for(record)` once and never tells the two apart itself.
+"""
+
+from __future__ import annotations
+
+from portkern.jit.target import Target
+from portkern.portable.bundle import Bundle, KernelRecord, Stage
+from portkern.portable.producer import installed_compiler, installed_runtime
+
+
+class IreeToolchain:
+    """MLIR stages finalised by the IREE compiler, run by the IREE runtime."""
+
+    name = "iree"
+    format = "vmfb"
+    tunable = True
+
+    def accepts(self, target: Target) -> bool:
+        return target.driver != "opencl"
+
+    def compiler_id(self) -> str:
+        compiler, runtime = installed_compiler(), installed_runtime()
+        return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
+
+    def stage(self, bundle: Bundle, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
+        """The stage finalised for `target`, and what besides it selects the native code."""
+        return record.stage(target.family), target.identity
+
+    def finalize(self, bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
+        from portkern.jit.finalize import finalize
+
+        return finalize(bundle, record, target)
+
+    def executable(self, data: bytes, record: KernelRecord, target: Target):
+        from portkern.jit.runtime import Executable
+
+        return Executable(data, record.entry, target.driver)
+
+
+class OpenclToolchain:
+    """SPIR-V stages finalised and run by the device's OpenCL driver."""
+
+    name = "opencl"
+    tunable = False
+
+    @property
+    def _native(self):
+        from portkern.jit import opencl_native
+
+        return opencl_native
+
+    @property
+    def format(self) -> str:
+        return self._native.FORMAT
+
+    def accepts(self, target: Target) -> bool:
+        return target.driver == "opencl"
+
+    def compiler_id(self) -> str:
+        return self._native.compiler_id()
+
+    def stage(self, bundle: Bundle, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
+        plan = self._native.plan(bundle, record, target)
+        return plan.stage, plan.key_flags
+
+    def finalize(self, bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
+        return self._native.finalize(bundle, record, target)
+
+    def executable(self, data: bytes, record: KernelRecord, target: Target):
+        return self._native.Executable(data, record, target)
+
+
+IREE = IreeToolchain()
+OPENCL = OpenclToolchain()
+
+
+def toolchain_for(record: KernelRecord) -> IreeToolchain | OpenclToolchain:
+    """OpenCL for kernels whose stages are SPIR-V, IREE for MLIR kernels."""
+    return OPENCL if any(stage.format == "spirv" for stage in record.stages) else IREE

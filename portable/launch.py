@@ -1,0 +1,373 @@
+"""Launch descriptions of OpenCL kernels: arguments, result shapes, work sizes, variants.
+
+An OpenCL kernel cannot say what its arguments mean, so its manifest entry
+does: each argument is a buffer (dtype, role `in`/`out`/`inout`, shape) or a
+scalar (dtype, and either a `value` computed from shapes or nothing, when the
+caller passes it). Shapes, scalar values, the global size and `requires`
+conditions are expressions (`portkern.portable.expr`) over symbols that the
+input shapes bind: `shape: [M, K]` binds M and K.
+
+The same description is stored in the bundle (`KernelRecord.launch`, schema
+`$defs/launch`) with one entry per variant (sub-group size, local size, and
+the indices of the variant's stages), and is checked again on the device.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from portkern.errors import LaunchSpecError, MalformedBundleError
+from portkern.portable import expr
+from portkern.portable.bundle import KernelRecord, Signature, TensorSpec
+from portkern.schemas import schema
+
+BUFFER_ROLES = ("in", "out", "inout")
+#: Sub-group (wave) sizes a variant may be built for.
+SUBGROUP_SIZES = (32, 64)
+MAX_ARGS = 64
+MAX_RANK = 8
+MAX_WORK_DIMS = 3
+MAX_LOCAL = 1 << 16
+MAX_VARIANTS = 8
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
+_DEFINE_VALUE = re.compile(r"^[A-Za-z0-9_.+-]{0,64}$")
+#: Manifest keys that describe an OpenCL launch (refused for other kinds).
+MANIFEST_KEYS = ("args", "global", "local", "requires", "defines", "variants")
+
+
+def dtypes() -> tuple[str, ...]:
+    """The element types a bundle can describe."""
+    return tuple(schema("bundle")["$defs"]["dtype"]["enum"])
+
+
+def _fail(where: tuple, message: str) -> LaunchSpecError:
+    error = LaunchSpecError(message)
+    error.where = where  # type: ignore[attr-defined]
+    return error
+
+
+def where_of(error: LaunchSpecError) -> tuple:
+    """The key path (e.g. `("args", 2, "shape", 0)`) an error is about."""
+    return getattr(error, "where", ())
+
+
+def dotted(where: Sequence) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where).lstrip(".")
+
+
+@dataclass(frozen=True)
+class LaunchArg:
+    """One kernel argument: a buffer, or a scalar."""
+
+    name: str
+    dtype: str
+    #: "in", "out" or "inout" for a buffer; None for a scalar.
+    role: str | None = None
+    shape: tuple[expr.Expr, ...] = ()
+    #: A scalar's value computed from shapes; None when the caller passes it.
+    value: expr.Expr | None = None
+
+    @property
+    def is_buffer(self) -> bool:
+        return self.role is not None
+
+    @property
+    def is_input(self) -> bool:
+        """Whether the caller passes it (input buffers and scalars without a value)."""
+        return self.role in ("in", "inout") or (self.role is None and self.value is None)
+
+    @property
+    def is_output(self) -> bool:
+        return self.role in ("out", "inout")
+
+    def to_dict(self) -> dict:
+        data: dict[str, Any] = {"name": self.name, "dtype": self.dtype}
+        if self.is_buffer:
+            data["role"] = self.role
+            data["shape"] = [e.text for e in self.shape]
+        elif self.value is not None:
+            data["value"] = self.value.text
+        return data
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One build of the kernel: for a sub-group size (or any), with its local size and stages."""
+
+    subgroup_size: int | None
+    #: Work-group size; None lets the driver choose.
+    local: tuple[int, ...] | None
+    #: Indices into the kernel record's stages (empty before the build).
+    stages: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "subgroup_size": self.subgroup_size,
+            "local": None if self.local is None else list(self.local),
+            "stages": list(self.stages),
+        }
+
+
+@dataclass(frozen=True)
+class VariantSource:
+    """What the build host compiles for one variant."""
+
+    source: Path
+    #: Preprocessor definitions, in order (kernel-wide ones first).
+    defines: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A checked launch description."""
+
+    args: tuple[LaunchArg, ...]
+    global_size: tuple[expr.Expr, ...]
+    requires: tuple[expr.Expr, ...] = ()
+    variants: tuple[Variant, ...] = ()
+
+    @property
+    def inputs(self) -> tuple[LaunchArg, ...]:
+        return tuple(a for a in self.args if a.is_input)
+
+    @property
+    def outputs(self) -> tuple[LaunchArg, ...]:
+        return tuple(a for a in self.args if a.is_output)
+
+    @property
+    def symbols(self) -> frozenset[str]:
+        """Names bound by input shapes."""
+        return _symbols(self.args)
+
+    def signature(self) -> Signature:
+        """Inputs (what the caller passes) and results; a dimension that is not a constant is dynamic."""
+
+        def spec(arg: LaunchArg) -> TensorSpec:
+            return TensorSpec(tuple(d.constant() for d in arg.shape), arg.dtype)
+
+        return Signature(tuple(spec(a) for a in self.inputs), tuple(spec(a) for a in self.outputs))
+
+    def to_dict(self) -> dict:
+        return {
+            "args": [a.to_dict() for a in self.args],
+            "global": [e.text for e in self.global_size],
+            "requires": [e.text for e in self.requires],
+            "variants": [v.to_dict() for v in self.variants],
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "Launch":
+        """A launch description from a bundle record (already schema-checked), checked again."""
+        launch = _common(data)
+        variants = tuple(
+            Variant(v.get("subgroup_size"), _local(v.get("local"), ("variants", i, "local")), tuple(v.get("stages", ())))
+            for i, v in enumerate(data.get("variants", ()))
+        )
+        if not variants:
+            raise _fail(("variants",), "at least one variant is needed")
+        _check_variants(variants, launch.global_size)
+        return Launch(launch.args, launch.global_size, launch.requires, variants)
+
+
+def from_manifest(options: Mapping[str, Any], kind: str, source: Path) -> tuple[Launch, tuple[VariantSource, ...]]:
+    """The launch description of a manifest entry and what to build per variant.
+
+    `options` holds the entry's launch keys, with variant sources as absolute
+    paths; `source` is the kernel's resolved source. Errors carry the key path.
+    """
+    for key in ("args", "global"):
+        if key not in options:
+            raise _fail((), f"{kind} kernels need `{key}:`")
+    launch = _common(options)
+    local = _local(options.get("local"), ("local",))
+    defines = _defines(options.get("defines"), ("defines",), kind)
+    specs = options.get("variants")
+    if not specs:
+        variants = (Variant(None, local),)
+        sources = (VariantSource(source, defines),)
+    else:
+        variants, built = [], []
+        for index, item in enumerate(specs):
+            at = ("variants", index)
+            size = item.get("subgroup_size")
+            variants.append(Variant(size, _local(item["local"], at + ("local",)) if "local" in item else local))
+            extra = _defines(item.get("defines"), at + ("defines",), kind)
+            path = source
+            if "source" in item:
+                path = Path(item["source"])
+                if not path.is_absolute() or not path.is_file():
+                    raise _fail(at + ("source",), f"no such file {item['source']!r} (looked for {path})")
+            built.append(VariantSource(path, defines + extra + (("PORTKERN_SUBGROUP_SIZE", str(size)),)))
+        variants, sources = tuple(variants), tuple(built)
+        if any(v.subgroup_size is None for v in variants):
+            raise _fail(("variants",), "every variant needs a `subgroup_size`")
+    _check_variants(variants, launch.global_size)
+    return Launch(launch.args, launch.global_size, launch.requires, variants), sources
+
+
+def launch_of(record: KernelRecord) -> Launch:
+    """An OpenCL kernel record's launch description, checked against its stages and signature."""
+    if not record.launch:
+        raise MalformedBundleError(f"kernel {record.name!r} ({record.kind}) has no launch description")
+    try:
+        launch = Launch.from_dict(record.launch)
+    except LaunchSpecError as exc:
+        raise MalformedBundleError(f"kernel {record.name!r}: launch.{dotted(where_of(exc))}: {exc}") from None
+    for index, variant in enumerate(launch.variants):
+        formats = []
+        for stage in variant.stages:
+            if stage >= len(record.stages):
+                raise MalformedBundleError(f"kernel {record.name!r}: variant {index} refers to stage {stage}, which does not exist")
+            formats.append(record.stages[stage].format)
+        if formats.count("spirv") != 1 or len(set(formats)) != len(formats):
+            raise MalformedBundleError(
+                f"kernel {record.name!r}: variant {index} must have one SPIR-V stage and at most one stage of each other format"
+            )
+    if launch.signature() != record.signature:
+        raise MalformedBundleError(f"kernel {record.name!r}: signature {record.signature} does not match its launch description")
+    return launch
+
+
+# --- checks shared by manifests and bundles ----------------------------------
+
+
+def _common(data: Mapping) -> Launch:
+    """Arguments, global size and conditions, checked; variants left empty."""
+    raw_args = data.get("args")
+    if not isinstance(raw_args, list) or not 1 <= len(raw_args) <= MAX_ARGS:
+        raise _fail(("args",), f"needs a list of 1 to {MAX_ARGS} arguments")
+    args = tuple(_arg(item, ("args", i)) for i, item in enumerate(raw_args))
+    seen: set[str] = set()
+    for i, arg in enumerate(args):
+        if arg.name in seen:
+            raise _fail(("args", i, "name"), f"two arguments are named {arg.name!r}")
+        seen.add(arg.name)
+    if not any(a.is_output for a in args):
+        raise _fail(("args",), "no argument has role `out` or `inout`, so the kernel would return nothing")
+    symbols = _symbols(args)
+    shapes = {a.name: len(a.shape) for a in args if a.is_input and a.is_buffer}
+    for i, arg in enumerate(args):
+        for axis, dim in enumerate(arg.shape):
+            _check_refs(dim, symbols, shapes, ("args", i, "shape", axis))
+        if arg.value is not None:
+            _check_refs(arg.value, symbols, shapes, ("args", i, "value"))
+    global_size = _exprs(data.get("global"), ("global",), 1, MAX_WORK_DIMS, condition=False)
+    requires = _exprs(data.get("requires", []), ("requires",), 0, 32, condition=True)
+    for name, exprs in (("global", global_size), ("requires", requires)):
+        for index, item in enumerate(exprs):
+            _check_refs(item, symbols, shapes, (name, index))
+    return Launch(args, global_size, requires)
+
+
+def _symbols(args: Sequence[LaunchArg]) -> frozenset[str]:
+    return frozenset(d.text for a in args if a.is_buffer and a.is_input for d in a.shape if d.is_symbol)
+
+
+def _arg(item: Any, at: tuple) -> LaunchArg:
+    if not isinstance(item, Mapping):
+        raise _fail(at, "an argument must be a mapping with name and dtype")
+    unknown = sorted(set(item) - {"name", "dtype", "role", "shape", "value"})
+    if unknown:
+        raise _fail(at, f"unknown key {', '.join(map(repr, unknown))} (allowed: dtype, name, role, shape, value)")
+    name, dtype = item.get("name"), item.get("dtype")
+    if not isinstance(name, str) or not _IDENTIFIER.match(name):
+        raise _fail(at + ("name",), f"{name!r} is not a C identifier")
+    if dtype not in dtypes():
+        raise _fail(at + ("dtype",), f"{dtype!r} is not one of {', '.join(dtypes())}")
+    role = item.get("role")
+    if role is None:
+        if "shape" in item:
+            raise _fail(at + ("shape",), "a scalar has no shape; give buffers a `role` (in, out, inout)")
+        value = item.get("value")
+        return LaunchArg(name, dtype, None, (), None if value is None else _parse(value, at + ("value",)))
+    if role not in BUFFER_ROLES:
+        raise _fail(at + ("role",), f"{role!r} is not one of {', '.join(BUFFER_ROLES)}")
+    if "value" in item:
+        raise _fail(at + ("value",), "a buffer has no value")
+    shape = item.get("shape")
+    if not isinstance(shape, list) or len(shape) > MAX_RANK:
+        raise _fail(at + ("shape",), f"a buffer needs a `shape`: a list of at most {MAX_RANK} dimensions")
+    return LaunchArg(name, dtype, role, tuple(_parse(d, at + ("shape", k)) for k, d in enumerate(shape)))
+
+
+def _parse(text: Any, at: tuple, condition: bool = False) -> expr.Expr:
+    try:
+        return expr.parse(text, condition=condition)
+    except LaunchSpecError as exc:
+        raise _fail(at, str(exc)) from None
+
+
+def _exprs(items: Any, at: tuple, least: int, most: int, condition: bool) -> tuple[expr.Expr, ...]:
+    if not isinstance(items, list) or not least <= len(items) <= most:
+        raise _fail(at, f"needs a list of {least} to {most} {'conditions' if condition else 'expressions'}")
+    return tuple(_parse(item, at + (i,), condition) for i, item in enumerate(items))
+
+
+def _check_refs(item: expr.Expr, symbols: frozenset[str], shapes: Mapping[str, int], at: tuple) -> None:
+    unbound = sorted(item.symbols - symbols)
+    if unbound:
+        known = ", ".join(sorted(symbols)) or "none"
+        raise _fail(at, f"`{item}` uses {', '.join(unbound)}, which no input shape binds (bound: {known})")
+    for arg, axis in sorted(item.dims):
+        if arg not in shapes:
+            raise _fail(at, f"`{item}` reads {arg}.shape, but {arg} is not an input buffer")
+        if axis >= shapes[arg]:
+            raise _fail(at, f"`{item}` reads {arg}.shape[{axis}], but {arg} has {shapes[arg]} dimensions")
+
+
+def _local(value: Any, at: tuple) -> tuple[int, ...] | None:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or not 1 <= len(value) <= MAX_WORK_DIMS
+        or not all(type(v) is int and 1 <= v <= MAX_LOCAL for v in value)
+    ):
+        raise _fail(at, f"must be a list of 1 to {MAX_WORK_DIMS} integers from 1 to {MAX_LOCAL}")
+    return tuple(value)
+
+
+def _defines(value: Any, at: tuple, kind: str) -> tuple[tuple[str, str], ...]:
+    if value is None:
+        return ()
+    if kind != "opencl":
+        raise _fail(at, "only OpenCL C sources take preprocessor definitions")
+    if not isinstance(value, Mapping):
+        raise _fail(at, "must map macro names to values")
+    found = []
+    for name, raw in value.items():
+        text = "" if raw is None else str(raw).lower() if isinstance(raw, bool) else str(raw)
+        if not _IDENTIFIER.match(str(name)) or str(name).startswith("PORTKERN_"):
+            raise _fail(at + (str(name),), f"{name!r} is not a macro name you may define")
+        if not _DEFINE_VALUE.match(text):
+            raise _fail(at + (str(name),), f"{raw!r} is not a plain value (letters, digits, _ . + -)")
+        found.append((str(name), text))
+    return tuple(found)
+
+
+def _check_variants(variants: Sequence[Variant], global_size: Sequence[expr.Expr]) -> None:
+    if len(variants) > MAX_VARIANTS:
+        raise _fail(("variants",), f"at most {MAX_VARIANTS} variants")
+    sizes = [v.subgroup_size for v in variants]
+    for index, variant in enumerate(variants):
+        if variant.subgroup_size is not None and variant.subgroup_size not in SUBGROUP_SIZES:
+            raise _fail(("variants", index, "subgroup_size"), f"must be one of {', '.join(map(str, SUBGROUP_SIZES))}")
+        if variant.subgroup_size in sizes[:index]:
+            raise _fail(("variants", index, "subgroup_size"), f"two variants for sub-group size {variant.subgroup_size}")
+        if variant.subgroup_size is None and len(variants) > 1:
+            raise _fail(("variants", index, "subgroup_size"), "only a single variant may leave the sub-group size open")
+        if variant.local is not None and len(variant.local) != len(global_size):
+            where = ("variants", index, "local") if len(variants) > 1 else ("local",)
+            raise _fail(where, f"has {len(variant.local)} dimensions, the global size has {len(global_size)}")
+        if variant.local is not None and _product(variant.local) > MAX_LOCAL:
+            raise _fail(("variants", index, "local"), f"work-group of {_product(variant.local)} items is larger than {MAX_LOCAL}")
+
+
+def _product(values: Sequence[int]) -> int:
+    result = 1
+    for value in values:
+        result *= value
+    return result

@@ -1,0 +1,158 @@
+"""The cache across processes: warm starts, concurrent cold starts, SIGKILL, read-only directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import portkern
+from portkern.cache.config import CacheConfig
+from portkern.cache.store import Store
+from portkern.examples.reference import EXAMPLES
+
+from helpers import assert_matches
+
+# Loads one kernel, checks it against NumPy, prints what happened as JSON.
+RUN_KERNEL = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import numpy as np
+    import portkern
+    from portkern.examples.reference import EXAMPLES
+    bundle, name = sys.argv[1], sys.argv[2]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        kernel = portkern.load(bundle).kernel(name)
+    example = EXAMPLES[name]
+    inputs = example.inputs(np.random.default_rng(7))
+    out = kernel(*inputs)
+    ok = bool(np.allclose(out, example.reference(*inputs)[0], rtol=example.rtol, atol=example.atol))
+    print(json.dumps({"origin": kernel.origin, "ok": ok, "warnings": [str(w.message) for w in caught]}))
+    """
+)
+
+# Writes large artifacts in a loop until killed.
+WRITE_LOOP = textwrap.dedent(
+    """
+    import hashlib, os, sys
+    from portkern.cache.config import CacheConfig
+    from portkern.cache.store import Entry, Store
+    store = Store(CacheConfig(__import__("pathlib").Path(sys.argv[1]), 1 << 40, False))
+    print("ready", flush=True)
+    i = 0
+    while True:
+        data = os.urandom(1 << 22)
+        key = hashlib.sha256(data).hexdigest()
+        store.put(key, data, Entry(key=key, kernel="k", bundle="b", bundle_digest="", device={"kind": "cpu", "arch": "x"},
+                                   device_label="cpu:x", config="default", format="vmfb", size=0, sha256="", compiler="c"))
+        i += 1
+    """
+)
+
+
+def run(cache_dir: Path, *argv: str, script: str = RUN_KERNEL) -> subprocess.Popen:
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
+    return subprocess.Popen([sys.executable, "-c", script, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def result(proc: subprocess.Popen) -> dict:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_warm_hit_in_a_new_process(examples_bundle, tmp_path):
+    first = result(run(tmp_path, str(examples_bundle), "gemm_glu"))
+    second = result(run(tmp_path, str(examples_bundle), "gemm_glu"))
+    assert (first["origin"], second["origin"]) == ("finalized", "cache")
+    assert first["ok"] and second["ok"]
+
+
+def test_eight_processes_on_one_cold_kernel(examples_bundle, tmp_path):
+    procs = [run(tmp_path, str(examples_bundle), "gemm_bias_relu") for _ in range(8)]
+    results = [result(p) for p in procs]
+    assert all(r["ok"] for r in results)
+    origins = sorted(r["origin"] for r in results)
+    assert origins == ["cache"] * 7 + ["finalized"]
+    store = Store(CacheConfig(tmp_path / "v1", 1 << 30, False))
+    (entry,) = store.entries()
+    assert entry.kernel == "gemm_bias_relu" and store.verify() == []
+
+
+def test_sigkill_during_writes_leaves_no_torn_entry(tmp_path):
+    rng = random.Random(0)
+    directory = tmp_path / "v1"
+    for delay in [0.0, 0.05] + [rng.uniform(0.05, 1.0) for _ in range(6)]:
+        proc = run(directory, str(directory), script=WRITE_LOOP)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        store = Store(CacheConfig(directory, 1 << 40, False))
+        entries = store.entries()
+        for entry in entries:
+            hit = store.get(entry.key, count=False)
+            assert hit is not None and len(hit[0]) == 1 << 22
+        assert store.verify() == []
+        store.close()
+    assert entries, "the writer never completed a single entry"
+
+
+def test_sigkill_during_a_cold_finalisation_then_a_clean_read(examples_bundle, tmp_path, rng):
+    for delay in (0.3, 0.8, 1.5):
+        proc = run(tmp_path, str(examples_bundle), "mlp")
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    store = Store(CacheConfig(tmp_path / "v1", 1 << 30, False))
+    assert store.verify() == []
+    kernel = portkern.load(examples_bundle, store=store).kernel("mlp")
+    example = EXAMPLES["mlp"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def _read_only_runner(directory: Path) -> list[str] | None:
+    """A command prefix under which `directory` is read-only, even for root; None if there is none."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("unshare") is None:
+        return None
+    probe = subprocess.run(["unshare", "-m", "true"], capture_output=True)
+    if probe.returncode != 0:
+        return None
+    d = str(directory)
+    return ["unshare", "-m", "sh", "-c", f'mount --bind "{d}" "{d}" && mount -o remount,bind,ro "{d}" "{d}" && exec "$0" "$@"']
+
+
+def test_read_only_cache_dir_still_runs_kernels(examples_bundle, tmp_path):
+    warm = result(run(tmp_path, str(examples_bundle), "gemm_rowsum"))
+    assert warm["origin"] == "finalized"
+    prefix = _read_only_runner(tmp_path)
+    if prefix is None:
+        pytest.skip("running as root without a private mount namespace (unshare -m), so no directory is read-only")
+    if not prefix:
+        for path in [tmp_path, *tmp_path.rglob("*")]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run(
+        [*prefix, sys.executable, "-c", RUN_KERNEL, str(examples_bundle), "gemm_rowsum"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    if not prefix:
+        for path in [tmp_path, *tmp_path.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["ok"]
+    assert len(report["warnings"]) == 1 and "not usable" in report["warnings"][0]

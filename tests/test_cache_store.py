@@ -1,0 +1,206 @@
+"""The per-device store: hits, misses on every key part, corruption, budgets, degraded modes."""
+
+from __future__ import annotations
+
+import sqlite3
+import warnings
+from pathlib import Path
+
+import pytest
+
+import portkern
+from portkern.cache.config import CacheConfig, parse_age, parse_size
+from portkern.cache.device import DeviceFingerprint
+from portkern.cache.keys import artifact_key, kernel_digest
+from portkern.cache.store import CacheWarning, Entry, Store
+from portkern.errors import CacheError
+from portkern.examples.reference import EXAMPLES
+from portkern.jit import loader
+
+from helpers import assert_matches
+
+
+def flip_byte(store: Store, key: str, offset: int = 100) -> None:
+    """Corrupt a stored artifact in place, whether diskcache keeps it inline or in a file."""
+    db = sqlite3.connect(store.directory / "cache.db")
+    filename, value = db.execute("SELECT filename, value FROM Cache WHERE key = ?", (f"a/{key}",)).fetchone()
+    if filename:
+        path = store.directory / filename
+        data = bytearray(path.read_bytes())
+        data[offset] ^= 0x01
+        path.write_bytes(bytes(data))
+    else:
+        data = bytearray(value)
+        data[offset] ^= 0x01
+        db.execute("UPDATE Cache SET value = ? WHERE key = ?", (bytes(data), f"a/{key}"))
+        db.commit()
+    db.close()
+
+
+def entry(key: str, size: int = 0, **kw) -> Entry:
+    fields = dict(key=key, kernel="k", bundle="b", bundle_digest="", device={"kind": "cpu", "arch": "x"},
+                  device_label="cpu:x", config="default", format="vmfb", size=size, sha256="", compiler="c")
+    return Entry(**{**fields, **kw})
+
+
+def test_warm_hit_after_cold_miss(examples_bundle, store, rng):
+    bundle = portkern.load(examples_bundle, store=store)
+    cold = bundle.kernel("gemm_glu")
+    warm = portkern.load(examples_bundle, store=store).kernel("gemm_glu")
+    assert (cold.origin, warm.origin) == ("finalized", "cache")
+    assert cold.native.data == warm.native.data
+    example = EXAMPLES["gemm_glu"]
+    inputs = example.inputs(rng)
+    assert_matches(warm(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    (cached,) = store.entries()
+    assert (cached.kernel, cached.bundle, cached.hits, cached.config) == ("gemm_glu", "examples", 1, "default")
+    assert cached.finalize_s > 0 and cached.bundle_digest == bundle.digest
+    assert store.counters() == {"hits": 1, "misses": 1}
+
+
+def test_every_key_part_changes_the_key():
+    device = DeviceFingerprint("cpu", "znver5", "+avx2", (("triple", "x86_64"),))
+    base = dict(kernel="k" * 64, device=device, compiler="iree 3.13", config="default", flags=("--a",))
+    variants = [
+        dict(kernel="j" * 64),
+        dict(device=DeviceFingerprint("cpu", "znver4", "+avx2", (("triple", "x86_64"),))),
+        dict(device=DeviceFingerprint("cpu", "znver5", "+avx2,+avx512f", (("triple", "x86_64"),))),
+        dict(device=DeviceFingerprint("cpu", "znver5", "+avx2", (("triple", "aarch64"),))),
+        dict(compiler="iree 3.14"),
+        dict(config="v1:cpu:64,64,0:8,32,0:0,0,8"),
+        dict(flags=("--b",)),
+    ]
+    keys = {artifact_key(**base).hex} | {artifact_key(**{**base, **v}).hex for v in variants}
+    assert len(keys) == 1 + len(variants)
+    assert kernel_digest("mlir", "f", "a" * 64) != kernel_digest("mlir", "g", "a" * 64)
+
+
+def test_changed_compiler_or_device_misses_end_to_end(examples_bundle, store, monkeypatch):
+    portkern.load(examples_bundle, store=store).kernel("gemm_rowsum")
+    assert portkern.load(examples_bundle, store=store).kernel("gemm_rowsum").origin == "cache"
+    assert portkern.load(examples_bundle, store=store).kernel("gemm_rowsum", device="cpu:haswell").origin == "finalized"
+    monkeypatch.setattr(loader, "compiler_id", lambda record: "iree 99.0 upgraded")
+    assert portkern.load(examples_bundle, store=store).kernel("gemm_rowsum").origin == "finalized"
+    assert len(store.entries()) == 3
+
+
+def test_other_bundle_with_same_kernel_shares_the_entry(examples_bundle, store, tmp_path):
+    from portkern.examples import MANIFEST
+
+    from portkern.portable.builder import build_file
+
+    text = MANIFEST.read_text().replace("bundle: examples", "bundle: renamed")
+    (tmp_path / "m.yaml").write_text(text.replace("source: ", f"source: {MANIFEST.parent}/"))
+    build_file(tmp_path / "m.yaml", tmp_path / "renamed.pkb")
+    portkern.load(examples_bundle, store=store).kernel("gemm_bias_relu")
+    assert portkern.load(tmp_path / "renamed.pkb", store=store).kernel("gemm_bias_relu").origin == "cache"
+
+
+def test_flipped_byte_is_found_by_verify(examples_bundle, store):
+    kernel = portkern.load(examples_bundle, store=store).kernel("mlp")
+    flip_byte(store, kernel.native.key)
+    bad = store.verify()
+    assert [(e.kernel, problem) for e, _, problem in bad] == [("mlp", "artifact does not match its sha256")]
+    assert store.entries() == []
+
+
+def test_flipped_byte_is_found_by_the_loader_and_rebuilt(examples_bundle, store, rng):
+    kernel = portkern.load(examples_bundle, store=store).kernel("gemm_transpose_add")
+    flip_byte(store, kernel.native.key, offset=kernel.native.data.find(b"\x7fELF") + 64)
+    with pytest.warns(CacheWarning, match="is corrupt; evicted, it will be rebuilt"):
+        again = portkern.load(examples_bundle, store=store).kernel("gemm_transpose_add")
+    assert again.origin == "finalized" and again.native.data == kernel.native.data
+    example = EXAMPLES["gemm_transpose_add"]
+    inputs = example.inputs(rng)
+    assert_matches(again(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert store.verify() == []
+
+
+def test_size_budget_evicts_least_recently_used(tmp_path):
+    store = Store(CacheConfig(tmp_path / "c", 250_000, False))
+    for i in range(3):
+        assert store.put(f"{i:064x}", bytes([i]) * 100_000, entry(f"{i:064x}"))
+        store.get(f"{0:064x}")  # keep entry 0 the most recently used
+    kept = {e.key[-1] for e in store.entries()}
+    assert kept == {"0", "2"}
+    assert sum(e.size for e in store.entries()) <= 250_000
+
+
+def test_prune_by_age_and_size(tmp_path, monkeypatch):
+    store = Store(CacheConfig(tmp_path / "c", 1 << 30, False))
+    import portkern.cache.store as store_module
+
+    clock = [1_000_000.0]
+    monkeypatch.setattr(store_module.time, "time", lambda: clock[0])
+    for i in range(4):
+        store.put(f"{i:064x}", bytes(1000), entry(f"{i:064x}"))
+        clock[0] += 86400
+    assert {e.key[-1] for e in store.prune(older_than=parse_age("2d") + 1)} == {"0", "1"}
+    assert {e.key[-1] for e in store.prune(max_size=1500)} == {"2"}
+    assert [e.key[-1] for e in store.entries()] == ["3"]
+
+
+def test_sizes_and_ages_parse():
+    assert parse_size("2GB") == 2 * 10**9 and parse_size("512MiB") == 512 << 20 and parse_size("1000") == 1000
+    assert parse_age("30d") == 30 * 86400 and parse_age("90m") == 5400
+    with pytest.raises(CacheError, match="cannot read size"):
+        parse_size("lots")
+
+
+def test_disabled_cache_still_runs(examples_bundle, monkeypatch, rng):
+    monkeypatch.setenv("PORTKERN_CACHE_DISABLE", "1")
+    kernel = portkern.load(examples_bundle).kernel("gemm_bias_relu")
+    assert kernel.origin == "finalized"
+    assert portkern.load(examples_bundle).kernel("gemm_bias_relu").origin == "finalized"
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def test_cache_dir_that_cannot_be_created_warns_once_and_runs(examples_bundle, tmp_path, rng):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    store = Store(CacheConfig(blocker / "cache", 1 << 30, False))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bundle = portkern.load(examples_bundle, store=store)
+        kernels = [bundle.kernel(name) for name in ("gemm_glu", "gemm_rowsum")]
+    assert len([w for w in caught if issubclass(w.category, CacheWarning)]) == 1
+    assert "not usable" in str(caught[0].message)
+    example = EXAMPLES["gemm_glu"]
+    inputs = example.inputs(rng)
+    assert_matches(kernels[0](*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def test_full_disk_while_writing_warns_and_runs(examples_bundle, store, monkeypatch, rng):
+    import diskcache
+
+    def full(self, *args, **kwargs):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(diskcache.Cache, "set", full)
+    with pytest.warns(CacheWarning, match="disk is full"):
+        kernel = portkern.load(examples_bundle, store=store).kernel("gemm_bias_relu")
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def test_clear_one_device_keeps_the_others(examples_bundle, store):
+    bundle = portkern.load(examples_bundle, store=store)
+    bundle.kernel("gemm_glu")
+    bundle.kernel("gemm_glu", device="cpu:haswell")
+    host = bundle.kernel("gemm_glu").device
+    assert store.clear("cpu:haswell") == 1
+    assert [e.device_label for e in store.entries()] == [host]
+    assert store.clear() == 1 and store.entries() == []
+
+
+def test_stats_per_device(examples_bundle, store):
+    bundle = portkern.load(examples_bundle, store=store)
+    bundle.kernel("mlp")
+    bundle.kernel("mlp")
+    stats = store.stats()
+    assert stats["entries"] == 1 and stats["hits"] == 1 and stats["misses"] == 1
+    (device,) = stats["devices"].values()
+    assert device["entries"] == 1 and device["hits"] == 1 and device["bytes"] == stats["bytes"] > 0
