@@ -127,7 +127,7 @@ def main() -> int:
     bundle = portkern.load(bundle_path, store=store)
     target = devices.resolve("cpu", store)
     rows, split = [], {"stamp_s": [], "compile_s": [], "bench_s": [], "setup_s": []}
-    for name in args.kernel or list(EXAMPLES):
+    for name in args.kernel or [n for n in bundle.names() if n in EXAMPLES]:
         results = {s: tune(bundle_path, name, s, args.workers) for s in ("quick", "full")}
         largest = max((d.evaluated for d in results["full"].dispatches), default=0)
         budget = max(1, math.ceil(0.1 * largest))
