@@ -1,9 +1,10 @@
 """`full`: every valid candidate of the staged space, on every tunable dispatch.
 
 Stage 1 evaluates every valid vector/reduction tiling; stage 2 every valid
-distribution of the best `BASES` of stage 1. (Varying everything jointly
-multiplies the count by ~20 for no gain measured: distribution tiles barely
-change single-thread speed, vector tiles barely change thread balance.)
+distribution of the best `BASES` of stage 1. (The joint space is ~7x larger;
+in bench/tuning.py samples of it, `random` and `guided`, came within timing
+noise of this, never clearly past it: distribution tiles barely change
+single-thread speed, vector tiles barely change thread balance.)
 """
 
 from __future__ import annotations
