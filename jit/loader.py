@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
@@ -24,6 +24,9 @@ from portkern.portable.launch import launch_of
 from portkern.jit.toolchain import OPENCL, toolchain_for
 from portkern.portable.producer import check_release
 
+if TYPE_CHECKING:
+    from portkern.tuner.results import TuneResult
+
 DEFAULT_CONFIG = "default"
 #: `tune=` values that never search.
 NO_SEARCH = (None, "none", "default")
@@ -36,7 +39,7 @@ class Native:
     data: bytes
     key: str
     config: str
-    #: "cache", "prebuilt" or "finalized".
+    #: "cache", "prebuilt", "finalized", or "tuned" (searched for in this call).
     origin: str
     finalize_s: float = 0.0
 
@@ -126,8 +129,10 @@ class LoadedBundle:
         check_toolchain(record, target)
         if not toolchain_for(record).tunable and tune not in NO_SEARCH:
             raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
-        config = self.config_for(record, target, tune)
+        config, tuning = self.config_for(record, target, tune)
         native = self.native(record, target, config)
+        if tuning is not None and tuning.source == "search":
+            native = replace(native, origin="tuned")
         try:
             executable = self._executable(record, target, native)
         except KernelRuntimeError as exc:
@@ -137,19 +142,21 @@ class LoadedBundle:
             self.store.delete(native.key)
             native = self.native(record, target, config)
             executable = self._executable(record, target, native)
-        return Kernel(record, target, native, executable)
+        return Kernel(record, target, native, executable, tuning)
 
-    def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> str:
-        """The perf config to use: stored selection, default, or a fresh tuning result."""
+    def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, "TuneResult | None"]:
+        """The perf config to use (stored selection, default, or a fresh tuning result),
+        and the tuning result when `tune` asked for one."""
         if tune in NO_SEARCH:
             if tune is None:
                 chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
                 if chosen and isinstance(chosen.get("config"), str):
-                    return chosen["config"]
-            return DEFAULT_CONFIG
+                    return chosen["config"], None
+            return DEFAULT_CONFIG, None
         from portkern.tuner.session import tune_kernel
 
-        return tune_kernel(self, record, target, strategy=tune).config
+        result = tune_kernel(self, record, target, strategy=tune)
+        return result.config, result
 
     def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
         stage, identity = self._stage(record, target)
@@ -244,11 +251,13 @@ class LoadedBundle:
 class Kernel:
     """A kernel finalised for one device; call it with NumPy arrays."""
 
-    def __init__(self, record: KernelRecord, target: Target, native: Native, executable) -> None:
+    def __init__(self, record: KernelRecord, target: Target, native: Native, executable, tuning: "TuneResult | None" = None) -> None:
         self.record = record
         self.target = target
         self.native = native
         self._executable = executable
+        #: The tuning result, when `kernel(..., tune=...)` asked for one.
+        self.tuning = tuning
 
     @property
     def name(self) -> str:

@@ -104,8 +104,8 @@ class Tuner:
             run = _Run(self, loaded, record, target, module, db, budget, time_limit, retune, progress)
             result = run.execute()
         result.wall_s = time.perf_counter() - start
-        if result.source != "default":
-            db.put_selection(problem, target, loaded.bundle.name, result)
+        # Stored even when nothing was worth tuning, so the next call need not analyse the kernel again.
+        db.put_selection(problem, target, loaded.bundle.name, result)
         return result
 
 

@@ -21,7 +21,7 @@ def register(sub) -> None:
     demo = sub.add_parser("demo", help="build, finalise, tune and run the shipped examples on this CPU")
     demo.add_argument("-o", "--output", type=Path, default=Path("portkern-demo/examples.pkb"), help="where to write the example bundle")
     demo.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
-    demo.add_argument("--tune", default=None, help="tuning strategy (default: none)")
+    demo.add_argument("--tune", default="quick", help="tuning strategy for the MLIR/ONNX kernels (default: quick; 'default' skips tuning)")
     demo.add_argument("--seed", type=int, default=0)
     add_cache_dir(demo)
     add_json(demo)
@@ -129,10 +129,14 @@ def run_examples(bundle, device: str, tune, rng: np.random.Generator, log) -> li
                 "ok": ok,
             }
         )
+        tuning = kernel.tuning
+        if tuning is not None and tuning.speedup:
+            results[-1].update(default_s=tuning.default_s, tuned_s=tuning.best_s, speedup=tuning.speedup)
         if log is not None:
             mark = "[green]ok  [/green]" if ok else "[red]FAIL[/red]"
+            gain = f" ({tuning.default_s * 1e3:.3f} -> {tuning.best_s * 1e3:.3f} ms, {tuning.speedup:.2f}x)" if tuning is not None and tuning.speedup else ""
             log.print(
                 f"{mark} {name:<20} {kernel.device:<14} max|err| {err:.2e} (rtol {example.rtol:g}, atol {example.atol:g})"
-                f"  {kernel.origin} in {ready_s * 1000:.1f} ms, config {kernel.config}"
+                f"  {kernel.origin} in {ready_s * 1000:.1f} ms, config {kernel.config}{gain}"
             )
     return results
