@@ -5,12 +5,14 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from importlib import resources
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
 
 
 @functools.lru_cache(maxsize=None)
 def _text(name: str) -> str:
-    return resources.files(__name__).joinpath(f"{name}.schema.json").read_text()
+    return (_HERE / f"{name}.schema.json").read_text()
 
 
 @functools.lru_cache(maxsize=None)
