@@ -25,9 +25,6 @@ _ALIASES = {"host": "cpu", "llvm-cpu": "cpu", "hip": "amdgpu", "rocm": "amdgpu",
 _ARCH_PREFIXES = {"gfx": "amdgpu", "sm_": "cuda"}
 
 
-def kinds() -> tuple[str, ...]:
-    return tuple(_BACKENDS)
-
 
 def parse(spec: str) -> tuple[str, str | None]:
     """`"kind"` or `"kind:arch"` -> (kind, arch or None)."""

@@ -191,11 +191,16 @@ class LoadedBundle:
             self.store.put(key, data, self._entry(record, target, native))
             return native
 
-    def put_native(self, record: KernelRecord, target: Target, config: str, data: bytes, finalize_s: float = 0.0) -> Native:
-        """Cache native code built elsewhere (the tuner's winning candidate) for `config`."""
+    def put_native(
+        self, record: KernelRecord, target: Target, config: str, data: bytes, finalize_s: float = 0.0, kernel_time_s: float | None = None
+    ) -> Native:
+        """Cache native code built elsewhere (the tuner's winning candidate) for `config`,
+        with the kernel time the tuner measured for it."""
         key = self.key(record, target, config).hex
         native = Native(data, key, config, "finalized", finalize_s)
-        self.store.put(key, data, self._entry(record, target, native))
+        entry = self._entry(record, target, native)
+        entry.kernel_time_s = kernel_time_s
+        self.store.put(key, data, entry)
         return native
 
     def _cached(self, key: str, target: Target, count: bool = True):

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import statistics
 import threading
-import time
 
 import numpy as np
 
@@ -67,26 +65,3 @@ class Executable:
         if not isinstance(results, (tuple, list)):
             results = (results,)
         return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
-
-    def benchmark(self, *arrays: np.ndarray, warmup: int = 1, repeat: int = 20) -> float:
-        """Seconds per call: the mean of the middle half of `repeat` timed calls, after
-        `warmup` calls, with the inputs already on the device (so copies are not timed).
-
-        The entry function is synchronous: each call returns once the device is done.
-        """
-        import iree.runtime as rt
-
-        try:
-            args = [rt.asdevicearray(self._device, a) for a in arrays]
-            for _ in range(warmup):
-                self._function(*args)
-            times = []
-            for _ in range(max(repeat, 1)):
-                start = time.perf_counter()
-                self._function(*args)
-                times.append(time.perf_counter() - start)
-        except (RuntimeError, ValueError) as exc:
-            raise KernelRuntimeError(f"{self.entry}: {exc}") from None
-        times.sort()
-        quarter = len(times) // 4
-        return statistics.mean(times[quarter : len(times) - quarter])

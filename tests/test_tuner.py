@@ -104,6 +104,11 @@ def test_loader_tunes_then_reuses_the_selection(examples_bundle, store, rng, sha
     bundle = portkern.load(examples_bundle, store=store)
     tuned = bundle.kernel("gemm_transpose_add", tune="quick")
     check_kernel(tuned, "gemm_transpose_add", rng)
+    assert tuned.tuning is not None and tuned.tuning.source == "search"
+    if tuned.config != "default":
+        assert tuned.origin == "tuned"
+        (entry,) = [e for e in store.entries() if e.config == tuned.config]
+        assert entry.kernel_time_s == tuned.tuning.best_s > 0
     again = bundle.kernel("gemm_transpose_add")
     assert again.config == tuned.config
     assert again.origin == "cache"
@@ -111,6 +116,7 @@ def test_loader_tunes_then_reuses_the_selection(examples_bundle, store, rng, sha
     assert bundle.kernel("gemm_transpose_add", tune="default").config == "default"
     mlp = bundle.kernel("mlp", tune="quick")  # only small dispatches: left at the default, nothing searched
     assert mlp.config == "default"
+    assert bundle.kernel("mlp", tune="quick").tuning.source == "selection"  # and that is remembered
 
 
 def test_export_import_carries_tuning_results(examples_bundle, store, tmp_path, rng):

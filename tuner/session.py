@@ -219,7 +219,9 @@ class _Run:
                 result.note = f"{final} was not faster than the default as a whole; kept the default"
                 final = timed = DEFAULT
         if final != DEFAULT:
-            self.loaded.put_native(self.record, self.target, final, self.evaluator.vmfbs[timed], self.evaluator.results[timed].compile_s)
+            self.loaded.put_native(
+                self.record, self.target, final, self.evaluator.vmfbs[timed], self.evaluator.results[timed].compile_s, timings[timed].min_s
+            )
         result.config = final
         result.default_s, result.best_s = timings[DEFAULT].min_s, timings[timed].min_s
         result.evaluations = [e for e in self.evaluator.results.values() if e.config != DEFAULT]
