@@ -9,8 +9,9 @@ cd "$(dirname "$0")"
 
 VENV="${PORTKERN_VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
-# OpenCL C -> SPIR-V on the build host, and PoCL to finalise SPIR-V on this CPU.
-APT_PACKAGES=(clang-15 llvm-spirv-15 spirv-tools pocl-opencl-icd ocl-icd-libopencl1)
+# OpenCL C -> SPIR-V on the build host, PoCL to finalise SPIR-V on this CPU, and a real
+# (old) HIP runtime so the AMD probe is tested against one even without a GPU.
+APT_PACKAGES=(clang-15 llvm-spirv-15 spirv-tools pocl-opencl-icd ocl-icd-libopencl1 libamdhip64-5)
 
 log() { printf 'dev.sh: %s\n' "$*" >&2; }
 
