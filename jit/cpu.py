@@ -14,17 +14,10 @@ from pathlib import Path
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
 from portkern.errors import DeviceError
-from portkern.jit.target import Probe, Target
-from portkern.portable.producer import installed_compiler
+from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 
 KIND = "cpu"
 
-#: A module with one dispatch: lowering it to `executable-sources` makes IREE
-#: write the resolved `#hal.executable.target` (CPU name, features, triple).
-_PROBE_MODULE = """func.func @probe(%a: tensor<16xf32>, %b: tensor<16xf32>) -> tensor<16xf32> {
-  %0 = arith.addf %a, %b : tensor<16xf32>
-  return %0 : tensor<16xf32>
-}"""
 _TARGET_ATTR = re.compile(r'#hal\.executable\.target<"llvm-cpu", "[^"]+", \{(.*?)\}>')
 
 
@@ -38,6 +31,7 @@ def flags(fingerprint: DeviceFingerprint) -> tuple[str, ...]:
     )
 
 
+@functools.lru_cache(maxsize=1)
 def host_identity() -> str:
     """A cheap digest of what the OS reports about the CPU (model, stepping, flags)."""
     parts = [platform.machine()]
@@ -60,18 +54,8 @@ def host(store: Store | None = None) -> DeviceFingerprint:
 
 def resolve(cpu: str, store: Store | None = None) -> DeviceFingerprint:
     """The fingerprint of an LLVM CPU name ("host" for this machine's CPU)."""
-    compiler = installed_compiler()
-    memo = hashlib.sha256(
-        f"{cpu}|{host_identity() if cpu == 'host' else ''}|{compiler.version}|{compiler.revision}".encode()
-    ).hexdigest()
-    if store is not None:
-        record = store.get_record("p", memo)
-        if record is not None:
-            return DeviceFingerprint.from_dict(record)
-    fingerprint = _llvm_resolve(cpu)
-    if store is not None:
-        store.put_record("p", memo, fingerprint.to_dict())
-    return fingerprint
+    parts = ("cpu", cpu, host_identity() if cpu == "host" else "")
+    return DeviceFingerprint.from_dict(memoised(parts, lambda: _llvm_resolve(cpu).to_dict(), store))
 
 
 PROBE_TIMEOUT_S = 120
@@ -98,10 +82,8 @@ def _llvm_resolve(cpu: str) -> DeviceFingerprint:
 
 
 def _probe_in_this_process(cpu: str) -> DeviceFingerprint:
-    from portkern.portable.compiler import Compiler
-
     features = "host" if cpu == "host" else ""
-    compiler = Compiler(
+    text = resolve_executable_target(
         (
             "--iree-hal-target-device=local",
             "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -109,7 +91,6 @@ def _probe_in_this_process(cpu: str) -> DeviceFingerprint:
             f"--iree-llvmcpu-target-cpu-features={features}",
         )
     )
-    text = str(compiler.lower(compiler.parse(_PROBE_MODULE), from_phase="start", to_phase="executable-sources"))
     match = _TARGET_ATTR.search(text)
     if match is None:
         raise DeviceError(f"could not read the IREE CPU target for {cpu!r}")

@@ -16,66 +16,34 @@ A GPU backend module has, besides `KIND`, `probe` and `target`:
 from __future__ import annotations
 
 import functools
-import hashlib
-import threading
 from types import ModuleType
 from typing import Callable
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
 from portkern.errors import CompileError, DeviceError, FinalizeError
-from portkern.jit.target import Probe, Target
+from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 from portkern.portable.bundle import Stage
-from portkern.portable.family import FAMILY_PHASE, attach, executable_targets, family, replace
+from portkern.portable.family import FAMILY_PHASE, attach, family, replace
 from portkern.portable.lower import PORTABLE_PHASE
 from portkern.portable.producer import installed_compiler
 
 #: Bump when the way target attributes are made changes, so memoised ones are not reused.
 TARGETS_VERSION = 1
-#: Lowered to `executable-sources`, its variant carries the target IREE resolves for the flags.
-_PROBE_MODULE = """func.func @probe(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {
-  %0 = arith.addf %a, %b : tensor<4xf32>
-  return %0 : tensor<4xf32>
-}"""
-
-_memo: dict[str, str] = {}
-_memo_lock = threading.Lock()
 
 
 def resolved_target(flags: tuple[str, ...]) -> str:
-    """The `#hal.executable.target` IREE resolves for target flags (whose arch must be validated first)."""
-    from portkern.portable.compiler import Compiler
-
-    try:
-        compiler = Compiler(flags)
-        module = compiler.lower(compiler.parse(_PROBE_MODULE), from_phase="start", to_phase=FAMILY_PHASE, name="probe")
-    except CompileError as exc:
-        raise DeviceError(f"IREE cannot target {' '.join(flags)}: {exc}") from None
-    targets = executable_targets(module)
-    if not targets:
-        raise DeviceError(f"IREE resolved no executable target for {' '.join(flags)}")
-    if "iree_codegen.target_info" not in targets[0]:
+    """The GPU `#hal.executable.target` IREE resolves for target flags (whose arch must be validated first)."""
+    text = resolve_executable_target(flags)
+    if "iree_codegen.target_info" not in text:
         raise DeviceError(f"IREE {installed_compiler().version} has no GPU description for {' '.join(flags)}")
-    return targets[0]
-
-
-def memoised_target(kind: str, arch: str, make, store: Store | None) -> str:
-    """`make()` once per kind, arch and compiler: in this process, and in the store across processes."""
-    compiler = installed_compiler()
-    memo = hashlib.sha256(
-        f"gpu-target|{TARGETS_VERSION}|{kind}|{arch}|{compiler.version}|{compiler.revision}".encode()
-    ).hexdigest()
-    with _memo_lock:
-        text = _memo.get(memo)
-    record = store.get_record("p", memo) if store is not None else None
-    stored = record.get("executable_target") if isinstance(record, dict) else None
-    if text is None:
-        text = stored if isinstance(stored, str) else make()
-    if store is not None and stored != text:
-        store.put_record("p", memo, {"kind": kind, "arch": arch, "executable_target": text})
-    with _memo_lock:
-        _memo[memo] = text
     return text
+
+
+def memoised_target(kind: str, arch: str, make: Callable[[], str], store: Store | None) -> str:
+    """`make()` once per kind, arch and compiler: in this process, and in the store across processes."""
+    parts = ("gpu-target", str(TARGETS_VERSION), kind, arch)
+    return memoised(parts, lambda: {"kind": kind, "arch": arch, "executable_target": make()}, store)["executable_target"]
 
 
 def probe_once(read: Callable[[], Probe], doc: str) -> Callable[..., Probe]:

@@ -3,10 +3,26 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from portkern.cache.device import DeviceFingerprint
+from portkern.errors import CompileError, DeviceError
+from portkern.portable.producer import installed_compiler
+
+if TYPE_CHECKING:
+    from portkern.cache.store import Store
+
+#: A module with one dispatch: lowered to `executable-sources`, its variant
+#: carries the `#hal.executable.target` IREE resolves for the compiler flags.
+_PROBE_MODULE = """func.func @probe(%a: tensor<16xf32>, %b: tensor<16xf32>) -> tensor<16xf32> {
+  %0 = arith.addf %a, %b : tensor<16xf32>
+  return %0 : tensor<16xf32>
+}"""
+
+_memo: dict[str, dict] = {}
+_memo_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -51,3 +67,37 @@ class Probe:
     #: Per device, in the order of `devices`: what the probe read that does not
     #: change native code and so is not in the fingerprint (name, CU count, memory).
     details: tuple[Mapping[str, Any], ...] = ()
+
+
+def resolve_executable_target(flags: tuple[str, ...]) -> str:
+    """The `#hal.executable.target` IREE resolves for target flags (validate names first:
+    some unknown ones crash the compiler)."""
+    from portkern.portable.compiler import Compiler
+    from portkern.portable.family import executable_targets
+
+    try:
+        compiler = Compiler(flags)
+        module = compiler.lower(compiler.parse(_PROBE_MODULE), from_phase="start", to_phase="executable-sources", name="probe")
+    except CompileError as exc:
+        raise DeviceError(f"IREE cannot target {' '.join(flags)}: {exc}") from None
+    targets = executable_targets(module)
+    if not targets:
+        raise DeviceError(f"IREE resolved no executable target for {' '.join(flags)}")
+    return targets[0]
+
+
+def memoised(parts: tuple[str, ...], make: Callable[[], dict], store: "Store | None") -> dict:
+    """`make()` once per `parts` and installed compiler: in this process, and in the
+    store's probe records ("p") across processes."""
+    compiler = installed_compiler()
+    key = hashlib.sha256("|".join((*parts, compiler.version, compiler.revision)).encode()).hexdigest()
+    with _memo_lock:
+        value = _memo.get(key)
+    stored = store.get_record("p", key) if store is not None else None
+    if value is None:
+        value = stored if isinstance(stored, dict) else make()
+    if store is not None and stored != value:
+        store.put_record("p", key, value)
+    with _memo_lock:
+        _memo[key] = value
+    return value
