@@ -11,6 +11,11 @@ class PortkernError(Exception):
     """Base class of all portkern errors."""
 
 
+def message_lines(text: object) -> list[str]:
+    """The non-empty lines of a message (a tool's output, an exception), stripped."""
+    return [line.strip() for line in str(text).splitlines() if line.strip()]
+
+
 # --- build host -------------------------------------------------------------
 
 
@@ -112,3 +117,7 @@ class PerfConfigError(PortkernError, ValueError):
 
 class TuningError(PortkernError):
     """Tuning could not produce any valid configuration."""
+
+
+#: `from portkern.errors import *` exports the error types only.
+__all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, Exception)]

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError
+from portkern.errors import DeviceError, message_lines
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 
 KIND = "cpu"
@@ -76,7 +76,7 @@ def _llvm_resolve(cpu: str) -> DeviceFingerprint:
     except subprocess.TimeoutExpired:
         raise DeviceError(f"probing the CPU {cpu!r} took longer than {PROBE_TIMEOUT_S} s") from None
     if "is not a recognized processor" in done.stderr or done.returncode != 0:
-        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        lines = message_lines(done.stderr)
         raise DeviceError(f"LLVM does not know the CPU {cpu!r} ({lines[-1] if lines else 'probe failed'})")
     return DeviceFingerprint.from_dict(json.loads(done.stdout))
 

@@ -21,7 +21,7 @@ from typing import Callable
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import CompileError, DeviceError, FinalizeError
+from portkern.errors import CompileError, DeviceError, FinalizeError, message_lines
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 from portkern.portable.bundle import Stage
 from portkern.portable.family import FAMILY_PHASE, attach, family, replace
@@ -72,7 +72,7 @@ def driver_problem(driver: str) -> str:
 
 def first_line(exc: BaseException) -> str:
     """The first non-empty line of an exception's message."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    lines = message_lines(exc)
     return lines[0] if lines else type(exc).__name__
 
 

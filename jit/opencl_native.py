@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from portkern.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, PortkernError
+from portkern.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, PortkernError, message_lines
 from portkern.jit import opencl
 from portkern.jit.args import bind_launch
 from portkern.jit.target import Target
@@ -261,5 +261,4 @@ def _module(bundle: Bundle, stage: Stage, name: str) -> spirv.Module:
 
 
 def _log(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return " | ".join(dict.fromkeys(lines))[:1500] or type(exc).__name__
+    return " | ".join(dict.fromkeys(message_lines(exc)))[:1500] or type(exc).__name__

@@ -13,7 +13,7 @@ import io
 import threading
 from typing import TYPE_CHECKING, Sequence
 
-from portkern.errors import CompileError
+from portkern.errors import CompileError, message_lines
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -190,7 +190,7 @@ def bytecode_version(data: bytes) -> int:
 
 
 def _one_line(text: str) -> str:
-    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return " ".join(message_lines(text))
 
 
 def _summary(diagnostics: list[tuple[str, str]], limit: int = 3) -> str:

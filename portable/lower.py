@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from portkern.errors import BuildError, CompileError
+from portkern.errors import BuildError, CompileError, message_lines
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.manifest import KernelSpec
@@ -151,5 +151,5 @@ def _dtype(element: str, what: str, spec: KernelSpec) -> str:
 
 
 def _last_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = message_lines(text)
     return lines[-1][:500] if lines else "no message"

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from portkern.errors import BuildError, CompileError, LaunchSpecError
+from portkern.errors import BuildError, CompileError, LaunchSpecError, message_lines
 from portkern.portable import spirv
 from portkern.portable.bundle import KernelRecord, Stage, sha256
 from portkern.portable.launch import Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, where_of
@@ -288,5 +288,4 @@ def _validation_error(code: bytes, work: Path) -> str | None:
 
 
 def _first_lines(text: str, limit: int = 3) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return " | ".join(lines[:limit])[:600] or "no message"
+    return " | ".join(message_lines(text)[:limit])[:600] or "no message"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from typing import Callable, Iterable
 
-from portkern.errors import TuningError
+from portkern.errors import TuningError, message_lines
 from portkern.tuner.results import Compiled
 from portkern.tuner.worker import read_frame, write_frame
 
@@ -96,7 +96,7 @@ class _Worker:
     def last_words(self) -> str:
         try:
             self.log.seek(0)
-            lines = [line.strip() for line in self.log.read().decode(errors="replace").splitlines() if line.strip()]
+            lines = message_lines(self.log.read().decode(errors="replace"))
         except OSError:
             return ""
         return lines[-1][:200] if lines else ""
