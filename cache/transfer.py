@@ -12,7 +12,7 @@ but never match this one; a local entry that is intact is never replaced.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
@@ -61,7 +61,7 @@ def export(store: Store, path: str | Path, *, device: str | None = None, keys: I
         data = store.read_raw(entry.key)
         if data is None or hashlib.sha256(data).hexdigest() != entry.sha256:
             continue  # corrupt entries stay behind; `portkern cache verify` reports them
-        entries.append(_exportable(entry))
+        entries.append(asdict(entry))
         blobs[entry.sha256] = data
     records = []
     if wanted is None:
@@ -125,8 +125,3 @@ def _import_entry(store: Store, entry: Entry, blobs: dict[str, bytes], report: T
     if store.put(entry.key, data, entry):
         report.entries += 1
         report.bytes += len(data)
-
-
-def _exportable(entry: Entry) -> dict:
-    data = Entry.from_json(entry.to_json()).__dict__
-    return {k: v for k, v in data.items() if v is not None or k == "kernel_time_s"}

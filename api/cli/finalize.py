@@ -33,9 +33,9 @@ def register(sub) -> None:
 
 def run_finalize(args: argparse.Namespace) -> Report:
     import portkern
+    from portkern.cache import transfer
     from portkern.jit import codeobject, devices
 
-    transfer = exporter() if args.export else None
     store = store_from(args)
     bundle = portkern.load(args.bundle, store=store)
     specs = [spec for value in args.target for spec in devices.split(value)]
@@ -63,7 +63,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
                 }
             )
     keys = [r["key"] for r in rows if r["ok"]]
-    exported = transfer.export(store, args.export, keys=keys).to_dict() if transfer is not None else None
+    exported = transfer.export(store, args.export, keys=keys).to_dict() if args.export else None
     data = {"bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
 
     def render(out):
@@ -77,11 +77,3 @@ def run_finalize(args: argparse.Namespace) -> Report:
 
     return Report(data, render, status=0 if all(r["ok"] for r in rows) else 1)
 
-
-def exporter():
-    """The cache's transfer module (export/import of entries)."""
-    try:
-        from portkern.cache import transfer
-    except ImportError:
-        raise PortkernError("--export needs portkern.cache.transfer, which this portkern does not have") from None
-    return transfer
