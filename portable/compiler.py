@@ -163,6 +163,20 @@ class Compiler:
         return inv, diagnostics
 
 
+def operations(module: "ir.Module | ir.Operation") -> list["ir.Operation"]:
+    """Every operation under `module` (itself first), in program order."""
+    from iree.compiler import ir
+
+    found: list = []
+
+    def visit(op):
+        found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    getattr(module, "operation", module).walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
 def bytecode(module: "ir.Module | ir.Operation", version: int | None = None) -> bytes:
     """The MLIR bytecode of a module."""
     buffer = io.BytesIO()

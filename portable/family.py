@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from portkern.errors import BuildError, CompileError
+from portkern.portable.compiler import operations
 from portkern.portable.lower import PORTABLE_PHASE
 
 if TYPE_CHECKING:
@@ -83,12 +84,8 @@ def family(name: str) -> Family:
 
 def target_sites(module: "ir.Module | ir.Operation") -> list[tuple["ir.Operation", str]]:
     """Every (operation, attribute name) holding a target attribute, in program order."""
-    from iree.compiler import ir
-
-    root = getattr(module, "operation", module)
     found = []
-
-    def visit(op):
+    for op in operations(module):
         attrs = op.attributes
         if op.name == "hal.executable.variant" and "target" in attrs:
             found.append((op, "target"))
@@ -96,9 +93,6 @@ def target_sites(module: "ir.Module | ir.Operation") -> list[tuple["ir.Operation
             found.append((op, "initial_value"))
         elif op.name == "builtin.module" and MODULE_TARGETS in attrs:
             found.append((op, MODULE_TARGETS))
-        return ir.WalkResult.ADVANCE
-
-    root.walk(visit, ir.WalkOrder.PRE_ORDER)
     return found
 
 

@@ -11,6 +11,7 @@ from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.errors import PerfConfigError
 from portkern.jit import devices, finalize
+from portkern.portable.compiler import operations
 from portkern.tuner import dispatch as dispatch_module
 from portkern.tuner.amdgpu_config import AmdGpuConfig
 from portkern.tuner.cpu_config import CpuConfig
@@ -106,7 +107,7 @@ def test_stamp_writes_root_and_consumers(configured):
     context = finalize.compiler_for(devices.resolve("cpu")).context
     config = CpuConfig((128, 128, 0), (8, 32, 0), (0, 0, 4))
     stamped = dispatch_module.stamp(module, KernelConfig.of({0: config}), context)
-    configs = [str(op.attributes["lowering_config"]) for op in dispatch_module.walk(stamped) if "lowering_config" in op.attributes]
+    configs = [str(op.attributes["lowering_config"]) for op in operations(stamped) if "lowering_config" in op.attributes]
     assert config.lowering_config() in configs
     assert "#iree_cpu.lowering_config<vector_common_parallel = [8, 32]>" in configs  # fill and epilogue follow
     assert dispatch_module.dispatches(stamped)[0].default == config

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from portkern.errors import PerfConfigError
+from portkern.portable.compiler import operations
 from portkern.tuner import amdgpu_config, cpu_config
 from portkern.tuner.amdgpu_config import AmdGpuConfig
 from portkern.tuner.cpu_config import CpuConfig
@@ -68,19 +69,10 @@ class Dispatch:
         return f"{self.index}:{self.name}"
 
 
-def walk(op) -> Iterator:
-    """Every operation under `op` (itself first), in program order."""
-    yield op
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield from walk(child.operation)
-
-
 def _functions(module) -> Iterator[tuple[object, str]]:
     """(dispatch function, printed executable target) pairs in module order."""
     target = ""
-    for op in walk(getattr(module, "operation", module)):
+    for op in operations(module):
         if op.name == "hal.executable.variant":
             target = str(op.attributes["target"]) if "target" in op.attributes else ""
         elif op.name == "func.func" and "translation_info" in op.attributes:
@@ -88,7 +80,7 @@ def _functions(module) -> Iterator[tuple[object, str]]:
 
 
 def _configured_ops(function) -> list:
-    return [op for op in walk(function) if "lowering_config" in op.attributes]
+    return [op for op in operations(function) if "lowering_config" in op.attributes]
 
 
 def _is_root(text: str) -> bool:
