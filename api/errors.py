@@ -6,6 +6,8 @@ that is not a `PortkernError` is a bug.
 
 from __future__ import annotations
 
+import re
+
 
 class PortkernError(Exception):
     """Base class of all portkern errors."""
@@ -14,6 +16,19 @@ class PortkernError(Exception):
 def message_lines(text: object) -> list[str]:
     """The non-empty lines of a message (a tool's output, an exception), stripped."""
     return [line.strip() for line in str(text).splitlines() if line.strip()]
+
+
+_LOCATION = re.compile(r" [^\s:]*:\d+:\d+: ")
+_NOISE = re.compile(r"^.*?IREE failed between phases \S+ and \S+: |^[^\s:]*:\d+:\d+: ")
+
+
+def gist(text: object, limit: int = 200) -> str:
+    """The gist of a message: its first line without compiler phase and source-location prefixes."""
+    for line in message_lines(text):
+        while (trimmed := _NOISE.sub("", line, count=1)) != line:
+            line = trimmed
+        return _LOCATION.split(line, maxsplit=1)[0][:limit]
+    return "failed without a diagnostic"
 
 
 # --- build host -------------------------------------------------------------

@@ -40,13 +40,13 @@ from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
-from portkern.jit import devices, finalize
+from portkern.jit import devices
 from portkern.portable.builder import build_file
 from portkern.tuner import dispatch
 from portkern.tuner.kernel_config import KernelConfig
 from portkern.tuner.measure import Bench, time_calls
-from portkern.tuner.pool import CompilePool, Job, Source, cores
-from portkern.tuner.session import Tuner, compile_config
+from portkern.jit.workers import Job, Pool, cores
+from portkern.tuner.session import Tuner
 from portkern.tuner.space import space_for
 
 STRATEGIES = ("quick", "full", "guided", "random")
@@ -90,7 +90,7 @@ def side_by_side(bundle, name: str, target, configs: dict[str, str], inputs) -> 
     record = bundle.record(name)
     distinct = list(dict.fromkeys(configs.values()))
     bench = Bench(record.entry, target.driver, inputs)
-    executables = [bench.load(compile_config(bundle.bundle, record, target, c)) for c in distinct]
+    executables = [bench.load(bundle.native(record, target, c).data) for c in distinct]
     timings = dict(zip(distinct, bench.interleaved(executables, rounds=ROUNDS)))
     return {strategy: timings[config].min_s for strategy, config in configs.items()}
 
@@ -98,15 +98,15 @@ def side_by_side(bundle, name: str, target, configs: dict[str, str], inputs) -> 
 def compile_speedup(bundle, target) -> dict[str, float]:
     """Wall time to compile gemm_bias_relu's stage-1 candidates with 1 and with 2 workers."""
     record = bundle.record("gemm_bias_relu")
-    stage = record.stage(target.family)
-    (found,) = dispatch.dispatches(finalize.configure(bundle.bundle, record, target))
+    plan = bundle.plan(record, target)
+    (found,) = [dispatch.Dispatch.from_dict(d) for d in bundle.analyse(plan).dispatches]
     configs = [str(KernelConfig.of({0: c})) for c in space_for(found, cores()).stage_candidates(0, [])]
-    source = Source(stage.blob, bundle.bundle.blob(stage.blob), stage.phase, record.name)
+    source = bundle.source(plan)
     walls = {}
     for workers in (1, 2):
         start = time.perf_counter()
-        with CompilePool(target.flags, workers=workers) as pool:
-            results = pool.run([Job(i, source, c) for i, c in enumerate(configs)])
+        with Pool(workers=workers) as pool:
+            results = pool.run([Job.compile(i, record.name, target, source, c) for i, c in enumerate(configs)])
         walls[workers] = time.perf_counter() - start
         assert all(r.ok for r in results.values())
     return {"candidates": len(configs), "one_worker_s": walls[1], "two_workers_s": walls[2], "speedup": walls[1] / walls[2]}

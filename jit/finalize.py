@@ -1,9 +1,11 @@
-"""Finalisation: a bundle's portable MLIR stage to native code for one target.
+"""Finalisation in this process: a portable MLIR stage to native code for one target.
 
-Each stage is parsed once per process (per target), fitted to the target (a
-GPU target's attribute replaces a family stage's placeholder), and cloned for
-every compilation, so tuning many configs never re-reads the bytecode. GPU
-code is checked to be for the target's arch before it leaves `finish`.
+The native-code service never calls this in the process that loads a bundle:
+its workers (`portkern.jit.worker`) do. The build host calls `finalize` for
+prebuilt code of its own sources. A stage is parsed once, fitted to the target
+(a GPU target's attribute replaces a family stage's placeholder), and cloned
+for every compilation. GPU code is checked to be for the target's arch before
+it leaves `finish`.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from portkern.errors import CompileError, FinalizeError
 from portkern.jit import codeobject
 from portkern.jit.gpu import fit
 from portkern.jit.target import Target
-from portkern.portable.bundle import Bundle, KernelRecord
+from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.compiler import Compiler
 from portkern.portable.producer import check_bytecode, check_release
 
@@ -23,7 +25,6 @@ CONFIGURED_PHASE = "executable-configurations"
 
 _lock = threading.Lock()
 _compilers: dict[tuple[str, ...], Compiler] = {}
-_parsed: dict[tuple[tuple[str, ...], str], object] = {}  # (target identity, stage blob) -> module
 
 
 def compiler_for(target: Target) -> Compiler:
@@ -37,39 +38,41 @@ def compiler_for(target: Target) -> Compiler:
         return _compilers[target.flags]
 
 
-def stage_module(bundle: Bundle, record: KernelRecord, target: Target):
-    """The kernel's stage for `target`, parsed once per process, and that stage."""
-    stage = record.stage(target.family)
+def check_stage(stage: Stage, name: str) -> None:
+    """Refuse a stage this compiler cannot read (format, producer release, bytecode version)."""
     if stage.format != "mlir-bytecode":
-        raise FinalizeError(f"kernel {record.name!r}: stage format {stage.format!r} is not MLIR")
-    check_release(stage.producer, record.name)
-    check_bytecode(stage.producer, record.name)
-    compiler = compiler_for(target)
-    key = (target.identity, stage.blob)
-    with _lock:
-        module = _parsed.get(key)
-    if module is None:
-        try:
-            module = compiler.parse(bundle.blob(stage.blob), name=record.name)
-        except CompileError as exc:
-            raise FinalizeError(str(exc)) from None
+        raise FinalizeError(f"kernel {name!r}: stage format {stage.format!r} is not MLIR")
+    check_release(stage.producer, name)
+    check_bytecode(stage.producer, name)
+
+
+def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
+    """MLIR (bytecode or text) parsed for `target`; a bundle stage is also fitted to it."""
+    try:
+        module = compiler_for(target).parse(data, name=name)
+    except FinalizeError:
+        raise
+    except CompileError as exc:
+        raise FinalizeError(str(exc)) from None
+    if stage is not None:
         fit(module, stage, target)
-        with _lock:
-            _parsed[key] = module
-    return module, stage
+    return module
 
 
 def finalize(bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
     """Native code (a vmfb) for a kernel on a target, with the compiler's default config."""
-    module, stage = stage_module(bundle, record, target)
+    stage = record.stage(target.family)
+    check_stage(stage, record.name)
+    module = fitted(bundle.blob(stage.blob), stage, target, record.name)
     return finish(target, module, stage.phase, record.name)
 
 
-def configure(bundle: Bundle, record: KernelRecord, target: Target):
-    """The kernel lowered to the phase where each dispatch carries its lowering config."""
-    module, stage = stage_module(bundle, record, target)
+def configure(module, from_phase: str, target: Target, name: str):
+    """The module lowered to the phase where each dispatch carries its lowering config."""
+    if from_phase == CONFIGURED_PHASE:
+        return module
     try:
-        return compiler_for(target).lower(module, from_phase=stage.phase, to_phase=CONFIGURED_PHASE, name=record.name)
+        return compiler_for(target).lower(module, from_phase=from_phase, to_phase=CONFIGURED_PHASE, name=name)
     except CompileError as exc:
         raise FinalizeError(f"{target.label}: {exc}") from None
 
@@ -82,4 +85,3 @@ def finish(target: Target, module, from_phase: str, name: str) -> bytes:
         raise FinalizeError(f"{target.label}: {exc}") from None
     codeobject.check(native, target.fingerprint)
     return native
-

@@ -11,37 +11,24 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from portkern import schemas
-from portkern.cache.device import DeviceFingerprint
-from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
-from portkern.cache.store import CacheWarning, Entry, Store, default_store
+from portkern.cache.keys import validated_key
+from portkern.cache.store import CacheWarning, Store, default_store
 from portkern.errors import DeviceError, KernelRuntimeError, TuningError
 from portkern.jit import devices
 from portkern.jit.args import check_arguments
-from portkern.jit.codeobject import problem as code_problem
+from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
-from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, read_bundle
-from portkern.portable.launch import launch_of
 from portkern.jit.toolchain import OPENCL, toolchain_for
+from portkern.portable.bundle import Bundle, KernelRecord, Signature, read_bundle
+from portkern.portable.launch import launch_of
 from portkern.portable.producer import check_release
+from portkern.tuner.session import tune_kernel
 
 if TYPE_CHECKING:
     from portkern.tuner.results import TuneResult
 
-DEFAULT_CONFIG = "default"
 #: `tune=` values that never search.
 NO_SEARCH = (None, "none", "default")
-
-
-@dataclass(frozen=True)
-class Native:
-    """Native code for one kernel on one target, and where it came from."""
-
-    data: bytes
-    key: str
-    config: str
-    #: "cache", "prebuilt", "finalized", or "tuned" (searched for in this call).
-    origin: str
-    finalize_s: float = 0.0
 
 
 def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
@@ -66,31 +53,12 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     return LoadedBundle(bundle, Path(path), store)
 
 
-def check_toolchain(record: KernelRecord, target: Target) -> None:
-    """Refuse an OpenCL kernel on an IREE device and an IREE kernel on an OpenCL device."""
-    if not toolchain_for(record).accepts(target):
-        wanted = "an OpenCL device (device='opencl')" if toolchain_for(record) is OPENCL else "an IREE device such as 'cpu'"
-        raise DeviceError(f"{record.name!r} ({record.kind} kernel) runs on {wanted}, not on {target.label}")
-
-
-def compiler_id(record: KernelRecord) -> str:
-    """The toolchain that turns this kernel into native code (part of every cache key)."""
-    return toolchain_for(record).compiler_id()
-
-
-def selection_problem(record: KernelRecord, target: Target) -> str:
-    """The tuning problem "which config for this whole kernel" (the tuner stores its answer)."""
-    stage = record.stage(target.family)
-    return f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}"
-
-
-class LoadedBundle:
-    """A bundle opened on this machine."""
+class LoadedBundle(NativeCode):
+    """A bundle opened on this machine: its kernels' native code (`NativeCode`) and callable kernels."""
 
     def __init__(self, bundle: Bundle, path: Path, store: Store | None = None) -> None:
-        self.bundle = bundle
+        super().__init__(bundle, store if store is not None else default_store())
         self.path = path
-        self.store = store if store is not None else default_store()
 
     @property
     def name(self) -> str:
@@ -130,7 +98,8 @@ class LoadedBundle:
         if not toolchain_for(record).tunable and tune not in NO_SEARCH:
             raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
         config, tuning = self.config_for(record, target, tune)
-        native = self.native(record, target, config)
+        plan = self.plan(record, target, config)
+        native = self.obtain(plan)
         if tuning is not None and tuning.source == "search":
             native = replace(native, origin="tuned")
         try:
@@ -139,8 +108,8 @@ class LoadedBundle:
             if native.origin != "cache":
                 raise
             warnings.warn(f"cached native code for {name!r} on {target.label} does not load ({exc}); rebuilding it", CacheWarning, stacklevel=2)
-            self.store.delete(native.key)
-            native = self.native(record, target, config)
+            self.evict(plan)
+            native = self.obtain(plan)
             executable = self._executable(record, target, native)
         return Kernel(record, target, native, executable, tuning)
 
@@ -153,104 +122,11 @@ class LoadedBundle:
                 if chosen and isinstance(chosen.get("config"), str):
                     return chosen["config"], None
             return DEFAULT_CONFIG, None
-        from portkern.tuner.session import tune_kernel
-
         result = tune_kernel(self, record, target, strategy=tune)
         return result.config, result
 
-    def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
-        stage, identity = self._stage(record, target)
-        return artifact_key(
-            kernel_digest(record.kind, record.entry, stage.blob),
-            target.fingerprint,
-            compiler_id(record),
-            config,
-            identity,
-        )
-
-    def _stage(self, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
-        """The stage finalised for a target, and what besides it selects the native code."""
-        check_toolchain(record, target)
-        return toolchain_for(record).stage(self.bundle, record, target)
-
-    def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
-        """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
-        key = self.key(record, target, config).hex
-        hit = self._cached(key, target)
-        if hit is not None:
-            return Native(hit[0], key, config, "cache", hit[1].finalize_s)
-        with self.store.lock(key):
-            hit = self._cached(key, target, count=False)
-            if hit is not None:
-                return Native(hit[0], key, config, "cache", hit[1].finalize_s)
-            prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
-            start = time.perf_counter()
-            data = prebuilt if prebuilt is not None else self._compile(record, target, config)
-            elapsed = time.perf_counter() - start
-            native = Native(data, key, config, "prebuilt" if prebuilt is not None else "finalized", elapsed)
-            self.store.put(key, data, self._entry(record, target, native))
-            return native
-
-    def put_native(
-        self, record: KernelRecord, target: Target, config: str, data: bytes, finalize_s: float = 0.0, kernel_time_s: float | None = None
-    ) -> Native:
-        """Cache native code built elsewhere (the tuner's winning candidate) for `config`,
-        with the kernel time the tuner measured for it."""
-        key = self.key(record, target, config).hex
-        native = Native(data, key, config, "finalized", finalize_s)
-        entry = self._entry(record, target, native)
-        entry.kernel_time_s = kernel_time_s
-        self.store.put(key, data, entry)
-        return native
-
-    def _cached(self, key: str, target: Target, count: bool = True):
-        """A cache entry, unless it is GPU code for another arch (then it is evicted)."""
-        hit = self.store.get(key, count=count)
-        problem = code_problem(hit[0], target.fingerprint) if hit is not None else None
-        if problem is not None:
-            warnings.warn(f"cache entry {key[:16]} is not code for {target.label} ({problem}); evicted", CacheWarning)
-            self.store.delete(key)
-            return None
-        return hit
-
-    def _prebuilt(self, record: KernelRecord, target: Target) -> bytes | None:
-        for artifact in record.native:
-            if DeviceFingerprint.from_dict(artifact.device) == target.fingerprint:
-                data = self.bundle.blob(artifact.blob)
-                problem = code_problem(data, target.fingerprint)
-                if problem is None:
-                    return data
-                warnings.warn(f"prebuilt {artifact.target} code of {record.name!r} ignored: {problem}")
-        return None
-
-    def _compile(self, record: KernelRecord, target: Target, config: str) -> bytes:
-        if config != DEFAULT_CONFIG:
-            from portkern.tuner.session import compile_config
-
-            return compile_config(self.bundle, record, target, config)
-        return toolchain_for(record).finalize(self.bundle, record, target)
-
     def _executable(self, record: KernelRecord, target: Target, native: Native):
         return toolchain_for(record).executable(native.data, record, target)
-
-    def _entry(self, record: KernelRecord, target: Target, native: Native) -> Entry:
-        stage, identity = self._stage(record, target)
-        return Entry(
-            key=native.key,
-            kernel=record.name,
-            bundle=self.bundle.name,
-            bundle_digest=self.bundle.digest,
-            device=target.fingerprint.to_dict(),
-            device_label=target.label,
-            config=native.config,
-            format=toolchain_for(record).format,
-            size=len(native.data),
-            sha256="",
-            compiler=compiler_id(record),
-            flags=list(identity),
-            kernel_digest=kernel_digest(record.kind, record.entry, stage.blob),
-            finalize_s=native.finalize_s,
-        )
 
 
 class Kernel:

@@ -16,6 +16,7 @@ import functools
 import math
 import threading
 from dataclasses import dataclass
+from typing import Mapping
 
 import numpy as np
 
@@ -24,7 +25,7 @@ from portkern.jit import opencl
 from portkern.jit.args import bind_launch
 from portkern.jit.target import Target
 from portkern.portable import spirv
-from portkern.portable.bundle import Bundle, KernelRecord, Stage
+from portkern.portable.bundle import KernelRecord, Stage
 from portkern.portable.launch import Launch, Variant, launch_of
 
 #: The native artifact format (`Entry.format`, `NativeArtifact.format`).
@@ -72,12 +73,13 @@ def select_variant(name: str, launch: Launch, target: Target) -> Variant:
     raise DeviceError(f"kernel {name!r} is built for sub-group sizes {built}; {target.label} has {has}")
 
 
-def plan(bundle: Bundle, record: KernelRecord, target: Target) -> Plan:
-    """The build plan; DeviceError if the device lacks what the kernel needs."""
+def plan(blobs: Mapping[str, bytes], record: KernelRecord, target: Target) -> Plan:
+    """The build plan (`blobs`: the bundle's blobs by name); DeviceError if the device lacks
+    what the kernel needs."""
     launch = launch_of(record)
     variant = select_variant(record.name, launch, target)
     stages = {record.stages[i].format: record.stages[i] for i in variant.stages}
-    module = _module(bundle, stages["spirv"], record.name)
+    module = _module(blobs[stages["spirv"].blob], record.name)
     fp = target.fingerprint
     extensions = fp.features.split(",")
     for needed, have, what in (
@@ -99,13 +101,14 @@ def plan(bundle: Bundle, record: KernelRecord, target: Target) -> Plan:
     )
 
 
-def finalize(bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
-    """The native program binary for a kernel on an OpenCL device."""
+def build(record: KernelRecord, blobs: Mapping[str, bytes], target: Target) -> bytes:
+    """The native program binary for a kernel on an OpenCL device (run in a worker:
+    the driver reads the bundle's SPIR-V or SPIR here)."""
     cl = opencl.pyopencl()
-    chosen = plan(bundle, record, target)
+    chosen = plan(blobs, record, target)
     ctx, _ = opencl.context(target)
     dev = opencl.device(target)
-    data = bundle.blob(chosen.stage.blob)
+    data = blobs[chosen.stage.blob]
     try:
         program = cl.Program(ctx, data) if chosen.stage.format == "spirv" else cl.Program(ctx, [dev], [data])
         program.build(options=list(chosen.options), devices=[dev])
@@ -253,9 +256,9 @@ def _read_module(data: bytes) -> spirv.Module:
     return spirv.read(data)
 
 
-def _module(bundle: Bundle, stage: Stage, name: str) -> spirv.Module:
+def _module(data: bytes, name: str) -> spirv.Module:
     try:
-        return _read_module(bundle.blob(stage.blob))
+        return _read_module(data)
     except CompileError as exc:
         raise FinalizeError(f"kernel {name!r}: its SPIR-V stage is unreadable: {exc}") from None
 

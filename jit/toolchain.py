@@ -1,10 +1,12 @@
 """The two ways a bundle's kernel becomes native code: IREE (MLIR stages) and OpenCL (SPIR-V stages).
 
-The loader asks `toolchain_for(record)` once and never tells the two apart itself.
+The native-code service asks `toolchain_for(record)` and never tells the two apart itself;
+the compiling is done by the workers (`portkern.jit.worker`).
 """
 
 from __future__ import annotations
 
+from portkern.jit.finalize import check_stage
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.producer import installed_compiler, installed_runtime
@@ -28,10 +30,9 @@ class IreeToolchain:
         """The stage finalised for `target`, and what besides it selects the native code."""
         return record.stage(target.family), target.identity
 
-    def finalize(self, bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
-        from portkern.jit.finalize import finalize
-
-        return finalize(bundle, record, target)
+    def check(self, stage: Stage, name: str) -> None:
+        """Refuse, before any worker reads it, a stage this compiler cannot read."""
+        check_stage(stage, name)
 
     def executable(self, data: bytes, record: KernelRecord, target: Target):
         from portkern.jit.runtime import Executable
@@ -62,11 +63,11 @@ class OpenclToolchain:
         return self._native.compiler_id()
 
     def stage(self, bundle: Bundle, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
-        plan = self._native.plan(bundle, record, target)
+        plan = self._native.plan(bundle.blobs, record, target)
         return plan.stage, plan.key_flags
 
-    def finalize(self, bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
-        return self._native.finalize(bundle, record, target)
+    def check(self, stage: Stage, name: str) -> None:
+        """Nothing to refuse beyond what `stage` checked."""
 
     def executable(self, data: bytes, record: KernelRecord, target: Target):
         return self._native.Executable(data, record, target)

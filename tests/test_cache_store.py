@@ -15,7 +15,7 @@ from portkern.cache.keys import artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Store
 from portkern.errors import CacheError
 from portkern.examples.reference import EXAMPLES
-from portkern.jit import loader
+from portkern.jit.toolchain import IreeToolchain
 
 from helpers import assert_matches
 
@@ -79,7 +79,7 @@ def test_changed_compiler_or_device_misses_end_to_end(examples_bundle, store, mo
     portkern.load(examples_bundle, store=store).kernel("gemm_rowsum")
     assert portkern.load(examples_bundle, store=store).kernel("gemm_rowsum").origin == "cache"
     assert portkern.load(examples_bundle, store=store).kernel("gemm_rowsum", device="cpu:haswell").origin == "finalized"
-    monkeypatch.setattr(loader, "compiler_id", lambda record: "iree 99.0 upgraded")
+    monkeypatch.setattr(IreeToolchain, "compiler_id", lambda self: "iree 99.0 upgraded")
     assert portkern.load(examples_bundle, store=store).kernel("gemm_rowsum").origin == "finalized"
     assert len(store.entries()) == 3
 

@@ -51,8 +51,8 @@ def test_cached_code_for_another_arch_is_evicted_and_rebuilt(gpu_bundle, gpu_nat
     loaded = portkern.load(gpu_bundle, store=store)
     record = loaded.record("gemm_bias_relu")
     target = resolve("gfx1100", store)
-    key = loaded.key(record, target).hex
-    store.put(key, gpu_native("gfx942"), loaded._entry(record, target, loaded.native(record, target)))
+    plan = loaded.plan(record, target)
+    store.put(plan.hex, gpu_native("gfx942"), loaded.entry(plan, loaded.obtain(plan)))
     with pytest.warns(UserWarning, match="is not code for amdgpu:gfx1100 .*code object for gfx942"):
         native = loaded.native(record, target)
     assert native.origin == "finalized" and codeobject.inspect(native.data).archs == ("gfx1100",)

@@ -17,13 +17,13 @@ from portkern.jit import devices
 from portkern.cache import transfer
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.jit.loader import compiler_id, selection_problem
+from portkern.jit.native import compiler_id, selection_problem
 from portkern.jit.runtime import Executable
 from portkern.portable.builder import build_file
 from portkern.tuner import session, strategies
 from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.search import Budget
-from portkern.tuner.session import Tuner, compile_config
+from portkern.tuner.session import Tuner
 
 from helpers import assert_matches
 
@@ -145,7 +145,7 @@ def test_export_import_carries_tuning_results(examples_bundle, store, tmp_path, 
 def test_compile_config_builds_correct_code(examples_bundle, store, rng, name, config):
     bundle = portkern.load(examples_bundle, store=store)
     target = devices.resolve("cpu", store)
-    code = compile_config(bundle.bundle, bundle.record(name), target, config)
+    code = bundle.native(bundle.record(name), target, config).data
     example = EXAMPLES[name]
     inputs = example.inputs(rng)
     outputs = Executable(code, bundle.record(name).entry, target.driver)(*inputs)
@@ -160,7 +160,7 @@ def test_compile_config_builds_correct_code(examples_bundle, store, rng, name, c
 def test_compile_config_refuses_configs_that_do_not_fit(examples_bundle, store, config, message):
     bundle = portkern.load(examples_bundle, store=store)
     with pytest.raises(PerfConfigError, match=message):
-        compile_config(bundle.bundle, bundle.record("gemm_bias_relu"), devices.resolve("cpu", store), config)
+        bundle.native(bundle.record("gemm_bias_relu"), devices.resolve("cpu", store), config)
 
 
 def test_time_limit_stops_the_search(examples_bundle, store):

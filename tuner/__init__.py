@@ -3,10 +3,11 @@
 - `perfconfig`, `cpu_config`, `amdgpu_config`, `kernel_config`: configs as data and strings;
 - `dispatch`: what each dispatch of a configured module computes, and stamping configs on a clone;
 - `space`, `cpu_space`: the candidates of a dispatch and the rules that prune them;
-- `pool`, `worker`: crash- and hang-isolated parallel compilation;
 - `measure`, `evaluate`: timing, the output check, duplicates;
 - `search`, `strategies`: budgets and the strategies that drive a search;
-- `db`, `results`, `session`: stored results, reports, and `tune_kernel` / `compile_config`.
+- `db`, `results`, `session`: stored results, reports, and `tune_kernel`.
+
+Compiling runs in the worker pool of `portkern.jit.workers`, shared with finalisation.
 
 docs/tuning.md describes the whole.
 """

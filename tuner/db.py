@@ -24,7 +24,7 @@ from portkern.cache.store import Store
 from portkern.jit.target import Target
 from portkern.tuner import strategies
 from portkern.tuner.dispatch import Dispatch
-from portkern.tuner.pool import cores
+from portkern.jit.workers import cores
 from portkern.tuner.results import DispatchResult, TuneResult
 
 #: Keys `Store.put_tuning` owns in a record.

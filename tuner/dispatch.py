@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Iterator
 
 from portkern.errors import PerfConfigError
 from portkern.portable.compiler import operations
-from portkern.tuner import amdgpu_config, cpu_config
+from portkern.tuner import amdgpu_config, cpu_config, perfconfig
 from portkern.tuner.amdgpu_config import AmdGpuConfig
 from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.kernel_config import KernelConfig
@@ -67,6 +67,22 @@ class Dispatch:
     @property
     def label(self) -> str:
         return f"{self.index}:{self.name}"
+
+    def to_dict(self) -> dict:
+        """Plain data (what a worker sends back from its analysis)."""
+        data = asdict(self)
+        data.update(sizes=list(self.sizes), parallel=list(self.parallel), default=str(self.default) if self.default is not None else None)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "Dispatch":
+        """A dispatch from `to_dict`'s plain data; PerfConfigError if it is not that."""
+        try:
+            default = perfconfig.parse(data["default"], family=data["family"]) if data.get("default") is not None else None
+            fields = {**data, "sizes": tuple(int(s) for s in data["sizes"]), "parallel": tuple(bool(p) for p in data["parallel"]), "default": default}
+            return cls(**fields)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise PerfConfigError(f"not a dispatch description: {exc}") from None
 
 
 def _functions(module) -> Iterator[tuple[object, str]]:

@@ -13,19 +13,24 @@ import hashlib
 import time
 from typing import Sequence
 
-from portkern.errors import KernelRuntimeError, TuningError
+from portkern.errors import KernelRuntimeError, TuningError, gist
+from portkern.jit.target import Target
+from portkern.jit.workers import Job, Pool, Source
 from portkern.portable.bundle import Signature
 from portkern.tuner.kernel_config import DEFAULT
 from portkern.tuner.measure import ROUNDS, Bench, Timing, make_inputs, mismatch
-from portkern.tuner.pool import CompilePool, Job, Source
 from portkern.tuner.results import Evaluation
 
 
 class Evaluator:
     """Compiles, checks and times kernel configs of one kernel on one target."""
 
-    def __init__(self, pool: CompilePool, source: Source, entry: str, signature: Signature, deployed: str, seed: int = 0) -> None:
+    def __init__(
+        self, pool: Pool, target: Target, name: str, source: Source, entry: str, signature: Signature, deployed: str, seed: int = 0
+    ) -> None:
         self.pool = pool
+        self.target = target
+        self.name = name
         self.source = source
         self.entry = entry
         self.deployed = deployed
@@ -45,25 +50,26 @@ class Evaluator:
         jobs = []
         for config in dict.fromkeys(configs):
             if config not in self.results:
-                jobs.append(Job(self._next_job, self.source, config))
+                jobs.append(Job.compile(self._next_job, self.name, self.target, self.source, config))
                 self._next_job += 1
         if not jobs:
             return
-        for job in jobs:
-            self.results[job.config] = Evaluation(config=job.config, status="pending")
-        by_id = {job.id: job.config for job in jobs}
-        for job_id, compiled in self.pool.run(jobs).items():
+        by_id = {job.id: job.payload["config"] for job in jobs}
+        for config in by_id.values():
+            self.results[config] = Evaluation(config=config, status="pending")
+        for job_id, compiled in self.pool.run(jobs, workers=self.pool.size).items():
             evaluation = self.results[by_id[job_id]]
             evaluation.setup_s, evaluation.stamp_s, evaluation.compile_s = compiled.setup_s, compiled.stamp_s, compiled.compile_s
             if not compiled.ok:
-                evaluation.status, evaluation.error = compiled.status, compiled.error
+                evaluation.status, evaluation.error = compiled.status, gist(compiled.error)
                 continue
-            evaluation.sha256 = hashlib.sha256(compiled.vmfb).hexdigest()
+            vmfb = compiled.data["native"]
+            evaluation.sha256 = hashlib.sha256(vmfb).hexdigest()
             owner = self._by_sha.setdefault(evaluation.sha256, evaluation.config)
             if owner != evaluation.config:
                 evaluation.status, evaluation.duplicate_of = "duplicate", owner
             else:
-                self.vmfbs[evaluation.config] = compiled.vmfb
+                self.vmfbs[evaluation.config] = vmfb
                 evaluation.status = "compiled"
 
     # --- checking and timing ---------------------------------------------------
@@ -85,7 +91,7 @@ class Evaluator:
             self.compile([DEFAULT])
             default = self.results[DEFAULT]
             if default.status not in ("compiled", "ok"):
-                raise TuningError(f"{self.source.name}: the default config does not compile: {default.error}")
+                raise TuningError(f"{self.name}: the default config does not compile: {default.error}")
             self._reference = self.bench(self.deployed).outputs(self._executable(DEFAULT, self.deployed))
             default.status = "ok"
         return self._reference

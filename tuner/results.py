@@ -8,14 +8,14 @@ from typing import Any
 from portkern.tuner.measure import Timing
 
 #: Candidate outcomes that count as failures (the candidate never produced a usable kernel).
-FAILED = ("error", "crash", "timeout", "unloadable")
+FAILED = ("error", "crash", "oom", "timeout", "unloadable")
 
 
 @dataclass(kw_only=True)
 class Compiled:
     """How far a candidate got, and what its compilation cost."""
 
-    #: "ok", or what went wrong: "error" (the compiler rejected it), "crash", "timeout", ...
+    #: "ok", or what went wrong: "error" (the compiler rejected it), "crash", "oom", "timeout", ...
     status: str = "ok"
     error: str = ""
     #: Parse + configure of the kernel, paid by the first job of a kernel on a worker.

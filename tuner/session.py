@@ -20,18 +20,18 @@ from typing import Callable
 
 from portkern.cache.keys import tuning_key
 from portkern.errors import PerfConfigError
-from portkern.jit import finalize
+from portkern.jit.finalize import CONFIGURED_PHASE
+from portkern.jit.native import NativeCode, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
-from portkern.portable.bundle import Bundle, KernelRecord
-from portkern.portable.compiler import bytecode
-from portkern.tuner import dispatch as dispatches_of
+from portkern.jit.toolchain import toolchain_for
+from portkern.jit.workers import Pool, Source, cores, shared_pool
+from portkern.portable.bundle import KernelRecord
 from portkern.tuner import kernel_config, perfconfig, strategies
 from portkern.tuner.db import TuningDB, result_from_selection, satisfies
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.evaluate import Evaluator
 from portkern.tuner.kernel_config import DEFAULT, KernelConfig
 from portkern.tuner.measure import ROUNDS
-from portkern.tuner.pool import DEFAULT_TIMEOUT_S, CompilePool, Source, cores
 from portkern.tuner.results import DispatchResult, TuneResult
 from portkern.tuner.search import Budget, Progress, Search
 from portkern.tuner.space import space_for
@@ -43,13 +43,12 @@ FINALISTS = 3
 
 
 class Tuner:
-    """Runs tuning searches; owns one compile pool per compiler flag set."""
+    """Runs tuning searches on the worker pool (its own pool of `workers`, else the process's)."""
 
-    def __init__(self, workers: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, workers: int | None = None) -> None:
         self.workers = workers
-        self.timeout_s = timeout_s
-        self._pools: dict[tuple[str, ...], CompilePool] = {}
-        #: One search at a time: the pools and the benchmarks need the cores to themselves.
+        self._pool: Pool | None = Pool(workers) if workers else None
+        #: One search at a time: the pool and the benchmarks need the cores to themselves.
         self._busy = threading.Lock()
 
     def __enter__(self) -> "Tuner":
@@ -59,18 +58,16 @@ class Tuner:
         self.close()
 
     def close(self) -> None:
-        for pool in self._pools.values():
-            pool.close()
-        self._pools.clear()
+        if self._pool is not None:
+            self._pool.close()
 
-    def pool(self, target: Target) -> CompilePool:
-        if target.flags not in self._pools:
-            self._pools[target.flags] = CompilePool(target.flags, self.workers, self.timeout_s)
-        return self._pools[target.flags]
+    @property
+    def pool(self) -> Pool:
+        return self._pool if self._pool is not None else shared_pool()
 
     def tune(
         self,
-        loaded,
+        natives: NativeCode,
         record: KernelRecord,
         target: Target,
         strategy: str = "quick",
@@ -80,10 +77,8 @@ class Tuner:
         retune: bool = False,
         progress: Callable[[Progress], None] | None = None,
     ) -> TuneResult:
-        """The best config of a kernel on a target: stored, or searched now and stored."""
-        from portkern.jit.loader import check_toolchain, compiler_id, selection_problem
-        from portkern.jit.toolchain import toolchain_for
-
+        """The best config of a kernel (of the bundle `natives` serves) on a target: stored,
+        or searched now and stored."""
         module = strategies.get(strategy)
         Budget(budget, time_limit)  # validates
         start = time.perf_counter()
@@ -92,20 +87,20 @@ class Tuner:
         check_toolchain(record, target)
         if module.LEVEL == 0:
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default")
-        db = TuningDB(loaded.store, compiler_id(record))
+        db = TuningDB(natives.store, compiler_id(record))
         problem = selection_problem(record, target)
         stored = None if retune else db.selection(problem, target)
         if satisfies(stored, strategy) and _valid(stored["config"]):
             return result_from_selection(stored, record.name, target.label)
-        with self._busy, loaded.store.lock(tuning_key(problem, target.fingerprint, db.compiler)):
+        with self._busy, natives.store.lock(tuning_key(problem, target.fingerprint, db.compiler)):
             stored = None if retune else db.selection(problem, target)
             if satisfies(stored, strategy) and _valid(stored["config"]):
                 return result_from_selection(stored, record.name, target.label)
-            run = _Run(self, loaded, record, target, module, db, budget, time_limit, retune, progress)
+            run = _Run(self, natives, record, target, module, db, budget, time_limit, retune, progress)
             result = run.execute()
         result.wall_s = time.perf_counter() - start
         # Stored even when nothing was worth tuning, so the next call need not analyse the kernel again.
-        db.put_selection(problem, target, loaded.bundle.name, result)
+        db.put_selection(problem, target, natives.bundle.name, result)
         return result
 
 
@@ -120,21 +115,22 @@ def _valid(config: str) -> bool:
 class _Run:
     """One tuning run of one kernel."""
 
-    def __init__(self, tuner: Tuner, loaded, record: KernelRecord, target: Target, module, db: TuningDB,
+    def __init__(self, tuner: Tuner, natives: NativeCode, record: KernelRecord, target: Target, module, db: TuningDB,
                  budget: int | None, time_limit: float | None, retune: bool, progress) -> None:
-        self.loaded, self.record, self.target, self.module, self.db = loaded, record, target, module, db
+        self.natives, self.record, self.target, self.module, self.db = natives, record, target, module, db
         self.budget = budget if budget is not None else module.BUDGET.evaluations
         self.deadline = time.perf_counter() + time_limit if time_limit else None
         self.retune = retune
         self.progress = progress
-        # workers get the module as configured here (fitted to the target): they only stamp and finish
-        self.configured = finalize.configure(loaded.bundle, record, target)
-        code = bytecode(self.configured)
-        source = Source(hashlib.sha256(code).hexdigest(), code, finalize.CONFIGURED_PHASE, record.name)
-        self.evaluator = Evaluator(tuner.pool(target), source, record.entry, record.signature, target.driver)
+        # a worker configures the module (fitted to the target); the others only stamp and finish it
+        analysis = natives.analyse(natives.plan(record, target))
+        self.found = [Dispatch.from_dict(d) for d in analysis.dispatches]
+        code = analysis.configured
+        source = Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE)
+        self.evaluator = Evaluator(tuner.pool, target, record.name, source, record.entry, record.signature, target.driver)
 
     def execute(self) -> TuneResult:
-        found = dispatches_of.dispatches(self.configured)
+        found = self.found
         chosen = {d.index for d in self.module.choose(found)}
         results = {d.index: DispatchResult(d.index, d.name, d.problem, note=d.reason or "left at default by the strategy") for d in found}
         base = KernelConfig()
@@ -219,7 +215,7 @@ class _Run:
                 result.note = f"{final} was not faster than the default as a whole; kept the default"
                 final = timed = DEFAULT
         if final != DEFAULT:
-            self.loaded.put_native(
+            self.natives.put_native(
                 self.record, self.target, final, self.evaluator.vmfbs[timed], self.evaluator.results[timed].compile_s, timings[timed].min_s
             )
         result.config = final
@@ -257,16 +253,6 @@ def shared_tuner() -> Tuner:
         return _shared
 
 
-def tune_kernel(loaded, record: KernelRecord, target: Target, strategy: str = "quick", **options) -> TuneResult:
+def tune_kernel(natives: NativeCode, record: KernelRecord, target: Target, strategy: str = "quick", **options) -> TuneResult:
     """Tune (or look up) a kernel's config on a target; `result.config` is its config string."""
-    return shared_tuner().tune(loaded, record, target, strategy, **options)
-
-
-def compile_config(bundle: Bundle, record: KernelRecord, target: Target, config: str) -> bytes:
-    """Native code (a vmfb) for a kernel with a non-default kernel config string."""
-    parsed = kernel_config.parse(config)
-    if parsed.is_default:
-        return finalize.finalize(bundle, record, target)
-    module = finalize.configure(bundle, record, target)
-    stamped = dispatches_of.stamp(module, parsed, finalize.compiler_for(target).context)
-    return finalize.finish(target, stamped, finalize.CONFIGURED_PHASE, record.name)
+    return shared_tuner().tune(natives, record, target, strategy, **options)

@@ -1,0 +1,286 @@
+"""The one owner of native code: key, look up, lock, prebuilt code, a worker's compile, check, store.
+
+Loader and tuner both get native code through `NativeCode`. A kernel is
+planned once per request (`Plan`: its stage, what besides the stage selects
+the code, its cache key). A cache hit starts no worker; everything a compiler
+reads from the bundle is read in a worker of `portkern.jit.workers`, never in
+this process.
+"""
+
+from __future__ import annotations
+
+import warnings
+from contextlib import ExitStack
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+from portkern.cache.device import DeviceFingerprint
+from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
+from portkern.cache.store import CacheWarning, Entry, Store
+from portkern.errors import DeviceError, FinalizeError, PortkernError
+from portkern.jit.codeobject import check as check_code
+from portkern.jit.codeobject import problem as code_problem
+from portkern.jit.target import Target
+from portkern.jit.toolchain import OPENCL, toolchain_for
+from portkern.jit.workers import Job, Pool, Result, Source, shared_pool
+from portkern.portable.bundle import Bundle, KernelRecord, Stage
+
+DEFAULT_CONFIG = "default"
+#: Called as each kernel of a batch is done: (kernels done, kernels in the batch, the plan).
+Progress = Callable[[int, int, "Plan"], None]
+
+
+@dataclass(frozen=True)
+class Native:
+    """Native code for one kernel on one target, and where it came from."""
+
+    data: bytes
+    key: str
+    config: str
+    #: "cache", "prebuilt", "finalized", or "tuned" (searched for in this call).
+    origin: str
+    finalize_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How one kernel becomes native code for one target, worked out once per request."""
+
+    record: KernelRecord
+    target: Target
+    #: The stage finalised for the target.
+    stage: Stage
+    #: What besides the stage selects the native code (compiler flags, target attribute, options).
+    identity: tuple[str, ...]
+    #: The kernel's content digest (`cache.keys.kernel_digest`).
+    kernel: str
+    compiler: str
+    config: str = DEFAULT_CONFIG
+    key: ArtifactKey = field(init=False, compare=False)
+
+    def __post_init__(self) -> None:
+        key = artifact_key(self.kernel, self.target.fingerprint, self.compiler, self.config, self.identity)
+        object.__setattr__(self, "key", key)
+
+    @property
+    def hex(self) -> str:
+        return self.key.hex
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    def with_config(self, config: str) -> "Plan":
+        return replace(self, config=config)
+
+
+def check_toolchain(record: KernelRecord, target: Target) -> None:
+    """Refuse an OpenCL kernel on an IREE device and an IREE kernel on an OpenCL device."""
+    if not toolchain_for(record).accepts(target):
+        wanted = "an OpenCL device (device='opencl')" if toolchain_for(record) is OPENCL else "an IREE device such as 'cpu'"
+        raise DeviceError(f"{record.name!r} ({record.kind} kernel) runs on {wanted}, not on {target.label}")
+
+
+def compiler_id(record: KernelRecord) -> str:
+    """The toolchain that turns this kernel into native code (part of every cache key)."""
+    return toolchain_for(record).compiler_id()
+
+
+def selection_problem(record: KernelRecord, target: Target) -> str:
+    """The tuning problem "which config for this whole kernel" (the tuner stores its answer)."""
+    stage = record.stage(target.family)
+    return f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}"
+
+
+@dataclass(frozen=True)
+class Analysis:
+    """A kernel lowered to `executable-configurations` in a worker: the module as bytecode
+    (fitted to its target) and its dispatches as plain data."""
+
+    configured: bytes
+    dispatches: list[dict]
+    setup_s: float = 0.0
+
+
+class NativeCode:
+    """Native code for one bundle's kernels, through the cache and the worker pool."""
+
+    def __init__(self, bundle: Bundle, store: Store, pool: Pool | None = None) -> None:
+        self.bundle = bundle
+        self.store = store
+        self._pool = pool
+
+    @property
+    def pool(self) -> Pool:
+        """The worker pool that compiles for this bundle (the process's shared one by default)."""
+        return self._pool if self._pool is not None else shared_pool()
+
+    # --- planning ---------------------------------------------------------------
+
+    def plan(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Plan:
+        """The kernel's plan on a target; DeviceError if the target cannot take it."""
+        check_toolchain(record, target)
+        toolchain = toolchain_for(record)
+        stage, identity = toolchain.stage(self.bundle, record, target)
+        kernel = kernel_digest(record.kind, record.entry, stage.blob)
+        return Plan(record, target, stage, identity, kernel, toolchain.compiler_id(), config)
+
+    def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
+        return self.plan(record, target, config).key
+
+    # --- getting native code ------------------------------------------------------
+
+    def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
+        """Native code from the cache, the bundle's prebuilt slices, or a worker's finalisation."""
+        return self.obtain(self.plan(record, target, config))
+
+    def obtain(self, plan: Plan) -> Native:
+        """Native code for a plan; a typed error if it cannot be had."""
+        (outcome,) = self.obtain_many([plan], workers=1)
+        if isinstance(outcome, PortkernError):
+            raise outcome
+        return outcome
+
+    def obtain_many(
+        self, plans: Sequence[Plan], workers: int | None = None, progress: Progress | None = None
+    ) -> list[Native | PortkernError]:
+        """Native code for every plan, the cold ones compiled concurrently on up to `workers`
+        workers; a failed kernel's place holds its typed error instead."""
+        outcomes: list[Native | PortkernError | None] = [self.cached(plan) for plan in plans]
+        done = sum(o is not None for o in outcomes)
+        if progress is not None and done:
+            progress(done, len(plans), plans[0])
+        cold = sorted({plans[i].hex: i for i, o in enumerate(outcomes) if o is None}.items())
+        with ExitStack() as locks:
+            jobs: dict[int, tuple[Job, Plan]] = {}
+            for hex_key, index in cold:
+                plan = plans[index]
+                locks.enter_context(self.store.lock(hex_key))
+                outcome = self.cached(plan, count=False) or self._prebuilt(plan)
+                if outcome is None:
+                    try:
+                        jobs[index] = (self._job(index, plan), plan)
+                    except PortkernError as exc:
+                        outcome = exc
+                outcomes[index] = outcome
+                if outcome is not None:
+                    done += 1
+                    if progress is not None:
+                        progress(done, len(plans), plan)
+
+            def finished(job: Job, result: Result) -> None:
+                nonlocal done
+                plan = jobs[job.id][1]
+                outcomes[job.id] = self._store(plan, result)
+                done += 1
+                if progress is not None:
+                    progress(done, len(plans), plan)
+
+            if jobs:
+                self.pool.run([job for job, _ in jobs.values()], on_result=finished, workers=workers)
+        for i, plan in enumerate(plans):  # a plan that shares its key with another shares its code
+            if outcomes[i] is None:
+                outcomes[i] = next(o for p, o in zip(plans, outcomes) if p.hex == plan.hex and o is not None)
+        return outcomes  # type: ignore[return-value]
+
+    def cached(self, plan: Plan, count: bool = True) -> Native | None:
+        """The plan's cache entry, unless it is GPU code for another arch (then it is evicted)."""
+        hit = self.store.get(plan.hex, count=count)
+        if hit is None:
+            return None
+        problem = code_problem(hit[0], plan.target.fingerprint)
+        if problem is not None:
+            warnings.warn(f"cache entry {plan.hex[:16]} is not code for {plan.target.label} ({problem}); evicted", CacheWarning)
+            self.store.delete(plan.hex)
+            return None
+        return Native(hit[0], plan.hex, plan.config, "cache", hit[1].finalize_s)
+
+    def evict(self, plan: Plan) -> None:
+        """Drop the plan's cache entry (it does not load)."""
+        self.store.delete(plan.hex)
+
+    def put(self, plan: Plan, data: bytes, finalize_s: float = 0.0, kernel_time_s: float | None = None) -> Native:
+        """Cache native code built elsewhere (the tuner's winning candidate), with the kernel
+        time the tuner measured for it."""
+        native = Native(data, plan.hex, plan.config, "finalized", finalize_s)
+        entry = self.entry(plan, native)
+        entry.kernel_time_s = kernel_time_s
+        self.store.put(plan.hex, data, entry)
+        return native
+
+    def put_native(
+        self, record: KernelRecord, target: Target, config: str, data: bytes, finalize_s: float = 0.0, kernel_time_s: float | None = None
+    ) -> Native:
+        """`put` for a kernel, target and config."""
+        return self.put(self.plan(record, target, config), data, finalize_s, kernel_time_s)
+
+    def entry(self, plan: Plan, native: Native) -> Entry:
+        """The cache metadata of native code for a plan."""
+        return Entry(
+            key=native.key,
+            kernel=plan.record.name,
+            bundle=self.bundle.name,
+            bundle_digest=self.bundle.digest,
+            device=plan.target.fingerprint.to_dict(),
+            device_label=plan.target.label,
+            config=native.config,
+            format=toolchain_for(plan.record).format,
+            size=len(native.data),
+            sha256="",
+            compiler=plan.compiler,
+            flags=list(plan.identity),
+            kernel_digest=plan.kernel,
+            finalize_s=native.finalize_s,
+        )
+
+    # --- work for the tuner ---------------------------------------------------------
+
+    def source(self, plan: Plan) -> Source:
+        """The plan's stage as the workers read it."""
+        return Source(plan.stage.blob, self.bundle.blob(plan.stage.blob), plan.stage.phase, plan.stage.to_dict())
+
+    def analyse(self, plan: Plan) -> Analysis:
+        """The kernel lowered to `executable-configurations` by a worker, and its dispatches."""
+        toolchain_for(plan.record).check(plan.stage, plan.name)
+        result = self.pool.run([Job.analyse(0, plan.name, plan.target, self.source(plan))], workers=1)[0]
+        if not result.ok:
+            raise result.error_for(plan.name, plan.target)
+        return Analysis(result.data["configured"], list(result.data["dispatches"]), result.setup_s)
+
+    # --- inside obtain_many -----------------------------------------------------------
+
+    def _prebuilt(self, plan: Plan) -> Native | None:
+        if plan.config != DEFAULT_CONFIG:
+            return None
+        for artifact in plan.record.native:
+            if DeviceFingerprint.from_dict(artifact.device) == plan.target.fingerprint:
+                data = self.bundle.blob(artifact.blob)
+                problem = code_problem(data, plan.target.fingerprint)
+                if problem is None:
+                    native = Native(data, plan.hex, plan.config, "prebuilt")
+                    self.store.put(plan.hex, data, self.entry(plan, native))
+                    return native
+                warnings.warn(f"prebuilt {artifact.target} code of {plan.name!r} ignored: {problem}")
+        return None
+
+    def _job(self, index: int, plan: Plan) -> Job:
+        toolchain = toolchain_for(plan.record)
+        toolchain.check(plan.stage, plan.name)
+        if toolchain is OPENCL:
+            blobs = {s.blob: self.bundle.blob(s.blob) for s in plan.record.stages}
+            return Job.opencl(index, plan.name, plan.target, plan.record.to_dict(), blobs)
+        return Job.compile(index, plan.name, plan.target, self.source(plan), plan.config)
+
+    def _store(self, plan: Plan, result: Result) -> Native | PortkernError:
+        if not result.ok:
+            return result.error_for(plan.name, plan.target)
+        data = result.data.get("native")
+        if not isinstance(data, bytes) or not data:
+            return FinalizeError(f"finalising {plan.name!r} for {plan.target.label} gave no native code")
+        try:
+            check_code(data, plan.target.fingerprint)
+        except PortkernError as exc:
+            return exc
+        native = Native(data, plan.hex, plan.config, "finalized", result.wall_s)
+        self.store.put(plan.hex, data, self.entry(plan, native))
+        return native

@@ -1,0 +1,207 @@
+"""A native-code worker process: `python -m portkern.jit.worker`, driven by `portkern.jit.workers`.
+
+Every byte of bundle content that a compiler reads is read here, never in
+the process that loads the bundle: MLIR bytecode is parsed, fitted to its
+target, lowered, stamped with kernel configs and compiled to a vmfb; SPIR-V
+is built into an OpenCL program binary by the device's driver. The process
+keeps its compiler sessions and parsed modules between jobs. Messages are
+length-prefixed msgpack frames on stdin/stdout (nothing is pickled); anything
+a compiler prints goes to stderr so it cannot corrupt the channel.
+
+    parent -> worker: jobs {"id", "kind", "memory", ...}
+    worker -> parent: {"ready": pid} once, then one {"id", "ok", "error", "error_type", ...} per job
+
+Job kinds: "compile" (a vmfb for a kernel config), "analyse" (the module at
+`executable-configurations` and its dispatches as plain data), "opencl" (a
+program binary).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import struct
+import sys
+import time
+from collections import OrderedDict
+from typing import IO, Any
+
+_LENGTH = struct.Struct(">I")
+#: Largest frame either side accepts (a vmfb of a big kernel is a few MB).
+MAX_FRAME_BYTES = 512 << 20
+
+
+def write_frame(stream: IO[bytes], message: dict) -> None:
+    import msgpack
+
+    data = msgpack.packb(message, use_bin_type=True)
+    stream.write(_LENGTH.pack(len(data)) + data)
+    stream.flush()
+
+
+def read_frame(stream: IO[bytes]) -> dict | None:
+    """The next message, or None at end of stream or on a frame that breaks the rules."""
+    import msgpack
+
+    header = stream.read(_LENGTH.size)
+    if len(header) < _LENGTH.size:
+        return None
+    (size,) = _LENGTH.unpack(header)
+    if size > MAX_FRAME_BYTES:
+        return None
+    data = stream.read(size)
+    if len(data) < size:
+        return None
+    try:
+        message = msgpack.unpackb(data, raw=False, max_ext_len=0)
+    except Exception:  # noqa: BLE001 - msgpack raises several unrelated types on bad input
+        return None
+    return message if isinstance(message, dict) else None
+
+
+#: Modules a worker keeps parsed (and lowered) between jobs.
+KEEP_MODULES = 32
+
+
+class _State:
+    """What this worker keeps between jobs: modules by target and source (compiler sessions
+    are kept by `portkern.jit.finalize`)."""
+
+    def __init__(self) -> None:
+        self.fitted: OrderedDict[tuple, Any] = OrderedDict()
+        self.configured: OrderedDict[tuple, Any] = OrderedDict()
+
+    def module(self, target, source: dict, name: str):
+        """The source parsed (and fitted to the target, for a bundle stage), once per worker."""
+        from portkern.jit import finalize
+        from portkern.portable.bundle import Stage
+
+        key = (target.identity, source["key"])
+        if key not in self.fitted:
+            stage = Stage.from_dict(source["stage"]) if source.get("stage") else None
+            _keep(self.fitted, key, finalize.fitted(source["blob"], stage, target, name))
+        return self.fitted[key]
+
+    def at_configurations(self, target, source: dict, name: str):
+        """The source lowered to `executable-configurations`, once per worker."""
+        from portkern.jit import finalize
+
+        key = (target.identity, source["key"])
+        if key not in self.configured:
+            module = self.module(target, source, name)
+            _keep(self.configured, key, finalize.configure(module, source["phase"], target, name))
+        return self.configured[key]
+
+
+def _keep(modules: OrderedDict, key: tuple, module: Any) -> None:
+    modules[key] = module
+    while len(modules) > KEEP_MODULES:
+        modules.popitem(last=False)
+
+
+def _target(message: dict):
+    from portkern.cache.device import DeviceFingerprint
+    from portkern.jit.target import Target
+
+    return Target(
+        DeviceFingerprint.from_dict(message["fingerprint"]),
+        tuple(message["flags"]),
+        message["family"],
+        message["driver"],
+        True,
+        "",
+        message["executable_target"],
+    )
+
+
+def _compile(state: _State, job: dict) -> dict:
+    from portkern.jit import finalize
+    from portkern.tuner import dispatch, kernel_config
+
+    target, source, name = _target(job["target"]), job["source"], job["name"]
+    config = kernel_config.parse(job["config"])
+    start = time.perf_counter()
+    if config.is_default:
+        module = state.module(target, source, name)
+        setup = time.perf_counter()
+        native = finalize.finish(target, module, source["phase"], name)
+        return {"native": native, "setup_s": setup - start, "stamp_s": 0.0, "compile_s": time.perf_counter() - setup}
+    configured = state.at_configurations(target, source, name)
+    setup = time.perf_counter()
+    stamped = dispatch.stamp(configured, config, finalize.compiler_for(target).context)
+    stamped_at = time.perf_counter()
+    native = finalize.finish(target, stamped, finalize.CONFIGURED_PHASE, name)
+    return {"native": native, "setup_s": setup - start, "stamp_s": stamped_at - setup, "compile_s": time.perf_counter() - stamped_at}
+
+
+def _analyse(state: _State, job: dict) -> dict:
+    from portkern.portable.compiler import bytecode
+    from portkern.tuner import dispatch
+
+    target, name = _target(job["target"]), job["name"]
+    start = time.perf_counter()
+    configured = state.at_configurations(target, job["source"], name)
+    found = dispatch.dispatches(configured)
+    return {"configured": bytecode(configured), "dispatches": [d.to_dict() for d in found], "setup_s": time.perf_counter() - start}
+
+
+def _opencl(state: _State, job: dict) -> dict:
+    from portkern.jit import opencl_native
+    from portkern.portable.bundle import KernelRecord
+
+    start = time.perf_counter()
+    record = KernelRecord.from_dict(job["record"])
+    binary = opencl_native.build(record, dict(job["blobs"]), _target(job["target"]))
+    return {"native": binary, "compile_s": time.perf_counter() - start}
+
+
+_KINDS = {"compile": _compile, "analyse": _analyse, "opencl": _opencl}
+
+
+def _bound_memory(limit: int) -> None:
+    """Hold the address space of this process to `limit` bytes (0: no bound) for the next job."""
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = hard if limit <= 0 else (limit if hard == resource.RLIM_INFINITY else min(limit, hard))
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+
+
+def run_job(state: _State, job: dict) -> dict:
+    """One job's result message; errors are reported by type name, never raised."""
+    from portkern.errors import PortkernError
+
+    result: dict[str, Any] = {"id": job.get("id"), "ok": False, "error": "", "error_type": ""}
+    handler = _KINDS.get(job.get("kind", ""))
+    if handler is None:
+        result.update(error=f"unknown job kind {job.get('kind')!r}", error_type="FinalizeError")
+        return result
+    try:
+        _bound_memory(int(job.get("memory") or 0))
+        result.update(handler(state, job))
+        result["ok"] = True
+    except PortkernError as exc:
+        result.update(error=" ".join(str(exc).split())[:2000], error_type=type(exc).__name__)
+    except MemoryError:
+        result.update(error="out of memory", error_type="MemoryError")
+    except Exception as exc:  # noqa: BLE001 - the bindings raise plain RuntimeError on hostile input
+        # the compiler's state is not to be trusted after this: the parent replaces the worker
+        result.update(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:1000]}", error_type="", retire=True)
+    finally:
+        _bound_memory(0)
+    return result
+
+
+def main() -> int:
+    channel = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    requests = sys.stdin.buffer
+    import iree.compiler.api  # noqa: F401  (ready means the compiler is loaded)
+
+    state = _State()
+    write_frame(channel, {"ready": os.getpid()})
+    while (job := read_frame(requests)) is not None:
+        write_frame(channel, run_job(state, job))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,398 @@
+"""The one worker pool: bounded processes that parse and compile bundle content.
+
+Finalisation and tuning both hand their compiler work to this pool. Each
+worker is a persistent Python process (`portkern.jit.worker`) with the
+compiler already imported; the parent hands one job at a time to each idle
+worker and waits on their pipes with a per-job deadline. Every job runs
+under two bounds read from the environment when it is handed out:
+
+- `PORTKERN_COMPILE_TIMEOUT`: wall time in seconds (default 120);
+- `PORTKERN_COMPILE_MEMORY`: address space of the worker in bytes, with an
+  optional K, M or G suffix (default 8G; 0 for none).
+
+A worker that dies (segfault, abort, out of memory) or overruns is killed,
+its job is reported as "crash", "oom" or "timeout", and a fresh worker takes
+its place. (A `ProcessPoolExecutor` breaks for good on the first segfault.)
+Workers start only when there is a job for them.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any, Callable, Iterable
+
+from portkern import errors
+from portkern.errors import FinalizeError, PortkernError, message_lines
+from portkern.jit.target import Target
+from portkern.jit.worker import read_frame, write_frame
+
+TIMEOUT_ENV = "PORTKERN_COMPILE_TIMEOUT"
+MEMORY_ENV = "PORTKERN_COMPILE_MEMORY"
+DEFAULT_TIMEOUT_S = 120.0
+DEFAULT_MEMORY = 8 << 30
+#: A worker is replaced after this many jobs (insurance against leaks in the compiler).
+RECYCLE_AFTER = 200
+#: Give up when this many workers in a row die before they are ready.
+MAX_START_FAILURES = 3
+#: Longest a worker may take to start (import the compiler).
+START_TIMEOUT_S = 120.0
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def timeout_s() -> float:
+    """The per-job wall-time bound now in force."""
+    text = os.environ.get(TIMEOUT_ENV, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise FinalizeError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise FinalizeError(f"{TIMEOUT_ENV}={text!r} must be more than 0 seconds")
+    return value
+
+
+def memory_bytes() -> int:
+    """The per-job address-space bound now in force (0: none)."""
+    text = os.environ.get(MEMORY_ENV, "").strip().upper().removesuffix("B").removesuffix("I")
+    if not text:
+        return DEFAULT_MEMORY
+    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS and text[-1:] else (text, "")
+    try:
+        value = int(float(number) * _UNITS[unit])
+    except ValueError:
+        raise FinalizeError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} is not a size such as 4G or 4294967296") from None
+    if value < 0:
+        raise FinalizeError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} must not be negative")
+    return value
+
+
+def target_message(target: Target) -> dict:
+    """A target as the workers read it."""
+    return {
+        "fingerprint": target.fingerprint.to_dict(),
+        "flags": list(target.flags),
+        "family": target.family,
+        "driver": target.driver,
+        "executable_target": target.executable_target,
+    }
+
+
+@dataclass(frozen=True)
+class Source:
+    """MLIR for the workers: a bundle stage (fitted to the target in the worker) or a
+    module already fitted (`stage` None), with the phase it is at. `key` names it."""
+
+    key: str
+    blob: bytes
+    phase: str
+    stage: dict | None = None
+
+    def message(self) -> dict:
+        return {"key": self.key, "blob": self.blob, "phase": self.phase, "stage": self.stage}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of work for a worker; `name` is the kernel it is for (in messages)."""
+
+    id: int
+    kind: str
+    name: str
+    target: Target
+    payload: dict
+
+    @classmethod
+    def compile(cls, id: int, name: str, target: Target, source: Source, config: str = "default") -> "Job":
+        """A vmfb of `source` with a kernel config ("default": the compiler's own)."""
+        return cls(id, "compile", name, target, {"source": source.message(), "config": config})
+
+    @classmethod
+    def analyse(cls, id: int, name: str, target: Target, source: Source) -> "Job":
+        """The module at `executable-configurations` as bytecode, and its dispatches."""
+        return cls(id, "analyse", name, target, {"source": source.message()})
+
+    @classmethod
+    def opencl(cls, id: int, name: str, target: Target, record: dict, blobs: dict[str, bytes]) -> "Job":
+        """An OpenCL program binary built (and launched once) by the device's driver."""
+        return cls(id, "opencl", name, target, {"record": record, "blobs": blobs})
+
+
+@dataclass(kw_only=True)
+class Result:
+    """A job's outcome: status "ok" with its `data`, or "error", "crash", "oom" or "timeout"."""
+
+    id: int
+    status: str = "ok"
+    error: str = ""
+    #: The `PortkernError` subclass the worker raised ("" for other failures).
+    error_type: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    setup_s: float = 0.0
+    stamp_s: float = 0.0
+    compile_s: float = 0.0
+    #: From handing out the job to its result, seen by the parent.
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+    def error_for(self, name: str, target: Target) -> PortkernError:
+        """The typed error this failure stands for: the worker's own type, else `FinalizeError`
+        naming the kernel and the cause."""
+        kind = getattr(errors, self.error_type, None) if self.error_type else None
+        if isinstance(kind, type) and issubclass(kind, PortkernError) and self.status == "error":
+            return kind(self.error)
+        return FinalizeError(f"finalising {name!r} for {target.label} failed: {self.error}")
+
+
+class _Worker:
+    def __init__(self) -> None:
+        self.log = tempfile.TemporaryFile()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "portkern.jit.worker"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+            start_new_session=True,
+        )
+        self.ready = False
+        self.job: Job | None = None
+        self.deadline = time.perf_counter() + START_TIMEOUT_S
+        self.started = 0.0
+        self.timeout = 0.0
+        self.memory = 0
+        self.done = 0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, job: Job, timeout: float, memory: int) -> bool:
+        self.job, self.started, self.timeout, self.memory = job, time.perf_counter(), timeout, memory
+        self.deadline = self.started + timeout
+        message = {"id": job.id, "kind": job.kind, "name": job.name, "memory": memory, "target": target_message(job.target), **job.payload}
+        try:
+            write_frame(self.process.stdin, message)
+            return True
+        except (BrokenPipeError, OSError):
+            return False
+
+    def last_words(self) -> str:
+        """The last line the worker printed on stderr."""
+        try:
+            self.log.seek(0, os.SEEK_END)
+            size = self.log.tell()
+            self.log.seek(max(0, size - 8192))
+            lines = message_lines(self.log.read().decode(errors="replace"))
+        except OSError:
+            return ""
+        return lines[-1][:300] if lines else ""
+
+    def stop(self, kill: bool = False) -> None:
+        try:
+            if kill:
+                self.process.kill()
+            else:
+                self.process.stdin.close()
+            self.process.wait(timeout=5)
+        except (OSError, subprocess.TimeoutExpired):
+            self.process.kill()
+            self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+        self.log.close()
+
+
+class Pool:
+    """Worker processes for compiler jobs; `run` hands out jobs and collects their results."""
+
+    def __init__(self, workers: int | None = None) -> None:
+        self.size = max(1, workers or default_workers())
+        self._workers: list[_Worker] = []
+        self._start_failures = 0
+        self._lock = threading.RLock()
+        #: Workers started so far (replacements included).
+        self.spawned = 0
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def pids(self) -> list[int]:
+        """The worker processes alive now."""
+        return [w.pid for w in self._workers]
+
+    def close(self) -> None:
+        """Stop every worker (a later `run` starts fresh ones)."""
+        with self._lock:
+            for worker in self._workers:
+                worker.stop()
+            self._workers = []
+
+    def _spawn(self) -> None:
+        self._workers.append(_Worker())
+        self.spawned += 1
+
+    def _replace(self, worker: _Worker, kill: bool, spawn: bool = True) -> None:
+        worker.stop(kill=kill)
+        self._workers.remove(worker)
+        if spawn:
+            self._spawn()
+
+    def run(
+        self,
+        jobs: Iterable[Job],
+        on_start: Callable[[Job, int], None] | None = None,
+        on_result: Callable[[Job, Result], None] | None = None,
+        workers: int | None = None,
+    ) -> dict[int, Result]:
+        """Run every job on up to `workers` processes (default: the pool's size); results by
+        job id. Failed jobs have a status other than "ok"; this never raises for a job."""
+        todo = deque(jobs)
+        if not todo:
+            return {}
+        timeout, memory = timeout_s(), memory_bytes()
+        with self._lock:
+            return self._run(todo, on_start, on_result, max(1, workers or self.size), timeout, memory)
+
+    def _run(self, todo: deque, on_start, on_result, size: int, timeout: float, memory: int) -> dict[int, Result]:
+        results: dict[int, Result] = {}
+        while len(self._workers) < min(size, len(todo)):
+            self._spawn()
+
+        def finish(worker: _Worker, result: Result) -> None:
+            job = worker.job
+            worker.job = None
+            worker.done += 1
+            result.wall_s = time.perf_counter() - worker.started
+            results[result.id] = result
+            if on_result is not None and job is not None:
+                on_result(job, result)
+
+        while todo or any(w.job for w in self._workers):
+            for worker in list(self._workers):
+                if worker.ready and worker.job is None and worker.done >= RECYCLE_AFTER:
+                    self._replace(worker, kill=False)
+            for worker in list(self._workers[:size]):
+                if worker.ready and worker.job is None and todo:
+                    job = todo.popleft()
+                    if on_start is not None:
+                        on_start(job, worker.pid)
+                    if not worker.send(job, timeout, memory):
+                        finish(worker, self._died(worker, job))
+                        self._replace(worker, kill=True)
+            waiting = [w for w in self._workers if w.job or not w.ready]
+            left = max(0.0, min(w.deadline for w in waiting) - time.perf_counter()) if waiting else 1.0
+            readable = wait([w.process.stdout for w in self._workers], timeout=left)
+            for worker in list(self._workers):
+                if worker.process.stdout in readable:
+                    self._receive(worker, finish)
+                elif time.perf_counter() > worker.deadline and (worker.job is not None or not worker.ready):
+                    if worker.job is not None:
+                        error = f"the compiler ran past {TIMEOUT_ENV}={worker.timeout:g} s; its worker was stopped"
+                        finish(worker, Result(id=worker.job.id, status="timeout", error=error))
+                        self._replace(worker, kill=True)
+                    else:
+                        self._start_failed(worker, f"a worker did not start within {START_TIMEOUT_S:g} s")
+        return results
+
+    def _start_failed(self, worker: _Worker, why: str) -> None:
+        self._start_failures += 1
+        self._replace(worker, kill=True, spawn=self._start_failures < MAX_START_FAILURES)
+        if self._start_failures >= MAX_START_FAILURES:
+            self._start_failures = 0
+            for other in list(self._workers):
+                self._replace(other, kill=True, spawn=False)
+            raise FinalizeError(f"compiler workers die at start-up: {why}")
+
+    def _receive(self, worker: _Worker, finish) -> None:
+        message = read_frame(worker.process.stdout)
+        if message is None:  # the worker died, or broke the protocol
+            if worker.job is not None:
+                finish(worker, self._died(worker, worker.job))
+                self._replace(worker, kill=True)
+            elif not worker.ready:
+                self._start_failed(worker, self._exit_message(worker))
+            else:
+                self._replace(worker, kill=True)
+        elif "ready" in message and not worker.ready:
+            worker.ready = True
+            self._start_failures = 0
+        elif worker.job is not None and message.get("id") == worker.job.id:
+            ok = bool(message.get("ok"))
+            error_type = str(message.get("error_type") or "")
+            status = "ok" if ok else ("oom" if error_type == "MemoryError" else "error")
+            error = str(message.get("error") or "")
+            if status == "oom":
+                error, error_type = self._oom_message(worker), ""
+            times = {k: float(message.get(k) or 0.0) for k in ("setup_s", "stamp_s", "compile_s")}
+            data = {k: v for k, v in message.items() if k not in ("id", "ok", "error", "error_type", "retire", *times)}
+            finish(worker, Result(id=worker.job.id, status=status, error=error, error_type=error_type, data=data, **times))
+            if message.get("retire") or status == "oom":
+                self._replace(worker, kill=True)
+        else:
+            self._replace(worker, kill=True)
+
+    def _died(self, worker: _Worker, job: Job) -> Result:
+        words = worker.last_words()
+        if any(sign in words for sign in ("bad_alloc", "out of memory", "MemoryError", "Cannot allocate memory", "pthread_create failed")):
+            return Result(id=job.id, status="oom", error=self._oom_message(worker))
+        return Result(id=job.id, status="crash", error=self._exit_message(worker))
+
+    def _oom_message(self, worker: _Worker) -> str:
+        return f"the compiler ran out of memory ({MEMORY_ENV}={worker.memory} bytes); its worker was stopped"
+
+    def _exit_message(self, worker: _Worker) -> str:
+        try:
+            code = worker.process.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            worker.process.kill()
+            code = worker.process.wait()
+        words = worker.last_words()
+        how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"exit code {code}"
+        return f"the compiler crashed ({how})" + (f": {words}" if words else "")
+
+
+def cores() -> int:
+    """CPU cores this process may use (IREE's `local-task` runs one worker thread per core)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def default_workers() -> int:
+    """One worker per core: compiles are single-threaded."""
+    return max(1, min(cores(), 8))
+
+
+_shared: Pool | None = None
+_shared_lock = threading.Lock()
+
+
+def shared_pool() -> Pool:
+    """The process's pool (finalisation and tuning share it); its workers stop at exit."""
+    global _shared
+    with _shared_lock:
+        if _shared is None:
+            _shared = Pool()
+            atexit.register(_shared.close)
+        return _shared

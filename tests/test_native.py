@@ -1,0 +1,189 @@
+"""The native-code service: bundle content is compiled only in bounded workers; a worker that
+crashes, runs out of memory or overruns costs one FinalizeError and the next kernel works."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+import portkern
+from portkern.errors import FinalizeError, PerfConfigError
+from portkern.examples.reference import EXAMPLES
+from portkern.jit import devices, workers
+from portkern.jit.workers import Job, Pool, Source
+from portkern.portable.builder import build_file
+from portkern.portable.bundle import read_bundle
+from portkern.portable.compiler import Compiler
+
+from helpers import assert_matches
+
+GOOD = "0=cpu:v1:64x64x0,8x32x0,0x0x4"
+#: Distribution tiles only: the vector ops cover whole 64x512 slices, which LLVMCPU refuses.
+TOO_LARGE = "0=cpu:v1:64x64x0,0x0x0,0x0x0"
+
+
+def check_kernel(kernel, name, rng):
+    example = EXAMPLES[name]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def slow_module(ops: int = 1500) -> str:
+    """One elementwise dispatch whose body chains `ops` transcendental functions: cheap to
+    lower to flow, tens of seconds of LLVM code generation."""
+    body = []
+    for i in range(1, ops + 1):
+        body.append(f"    %t{i} = {('math.sin', 'math.exp', 'math.tanh', 'math.cos')[i % 4]} %x{i - 1} : f32")
+        body.append(f"    %x{i} = arith.addf %t{i}, %x{i - 1} : f32")
+    lines = [
+        "func.func @slow(%a: tensor<64xf32>) -> tensor<64xf32> {",
+        "  %e = tensor.empty() : tensor<64xf32>",
+        "  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],"
+        ' iterator_types = ["parallel"]} ins(%a : tensor<64xf32>) outs(%e : tensor<64xf32>) {',
+        "  ^bb0(%x0: f32, %o: f32):",
+        *body,
+        f"    linalg.yield %x{ops} : f32",
+        "  } -> tensor<64xf32>",
+        "  return %r : tensor<64xf32>",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def slow_bundle(tmp_path_factory):
+    where = tmp_path_factory.mktemp("slow")
+    (where / "slow.mlir").write_text(slow_module())
+    (where / "manifest.yaml").write_text("bundle: slow\nkernels:\n  - name: slow\n    source: slow.mlir\n")
+    build_file(where / "manifest.yaml", where / "slow.pkb")
+    return where / "slow.pkb"
+
+
+@pytest.fixture
+def pool():
+    with Pool(workers=1) as own:
+        yield own
+
+
+@pytest.fixture
+def no_parsing_here(monkeypatch):
+    """Any parse of MLIR bytecode (bundle content; our own probe modules are text) in this,
+    the calling, process fails the test."""
+    parse = Compiler.parse
+
+    def refuse(self, data, name="module"):
+        if isinstance(data, (bytes, bytearray, memoryview)):
+            raise AssertionError(f"{name} was parsed in the calling process")
+        return parse(self, data, name)
+
+    monkeypatch.setattr(Compiler, "parse", refuse)
+
+
+def loaded_with(pool, path, store):
+    bundle = portkern.load(path, store=store)
+    bundle._pool = pool
+    return bundle
+
+
+def test_cold_kernel_is_compiled_in_a_worker_not_here(examples_bundle, store, pool, rng, no_parsing_here):
+    bundle = loaded_with(pool, examples_bundle, store)
+    kernel = bundle.kernel("gemm_glu")
+    assert kernel.origin == "finalized" and pool.spawned == 1
+    check_kernel(kernel, "gemm_glu", rng)
+    tuned = bundle.kernel("gemm_bias_relu", tune="quick")  # the tuner's analysis and candidates run in workers too
+    check_kernel(tuned, "gemm_bias_relu", rng)
+
+
+def test_warm_path_starts_no_worker(examples_bundle, store, rng, monkeypatch):
+    portkern.load(examples_bundle, store=store).kernel("gemm_rowsum")
+
+    def refuse(self):
+        raise AssertionError("a worker was started for a cached kernel")
+
+    monkeypatch.setattr(workers._Worker, "__init__", refuse)
+    kernel = portkern.load(examples_bundle, store=store).kernel("gemm_rowsum")
+    assert kernel.origin == "cache"
+    check_kernel(kernel, "gemm_rowsum", rng)
+
+
+def test_out_of_memory_is_a_finalize_error_and_the_next_kernel_works(examples_bundle, store, pool, rng, monkeypatch):
+    bundle = loaded_with(pool, examples_bundle, store)
+    monkeypatch.setenv(workers.MEMORY_ENV, "64M")
+    with pytest.raises(FinalizeError, match=r"'gemm_glu'.*out of memory \(PORTKERN_COMPILE_MEMORY=67108864 bytes\)"):
+        bundle.kernel("gemm_glu")
+    monkeypatch.delenv(workers.MEMORY_ENV)
+    check_kernel(bundle.kernel("gemm_glu"), "gemm_glu", rng)
+
+
+def test_compile_past_the_timeout_is_a_finalize_error_and_the_next_kernel_works(examples_bundle, slow_bundle, store, pool, rng, monkeypatch):
+    check_kernel(loaded_with(pool, examples_bundle, store).kernel("gemm_rowsum"), "gemm_rowsum", rng)  # a worker is up
+    monkeypatch.setenv(workers.TIMEOUT_ENV, "1.5")
+    slow = loaded_with(pool, slow_bundle, store)
+    start = time.perf_counter()
+    with pytest.raises(FinalizeError, match=r"'slow'.*ran past PORTKERN_COMPILE_TIMEOUT=1.5 s"):
+        slow.kernel("slow")
+    # its compile takes tens of seconds; the bound cut it short (the bench measures how close to 1.5 s)
+    assert time.perf_counter() - start < 15
+    check_kernel(loaded_with(pool, examples_bundle, store).kernel("gemm_glu"), "gemm_glu", rng)
+
+
+@pytest.mark.parametrize("name, value", [(workers.TIMEOUT_ENV, "soon"), (workers.TIMEOUT_ENV, "-1"), (workers.MEMORY_ENV, "lots")])
+def test_bad_bounds_are_refused(examples_bundle, store, pool, monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(FinalizeError, match=name):
+        loaded_with(pool, examples_bundle, store).kernel("gemm_rowsum")
+
+
+def test_memory_sizes_take_suffixes(monkeypatch):
+    for text, value in (("2G", 2 << 30), ("512M", 512 << 20), ("4GiB", 4 << 30), ("1000", 1000), ("0", 0)):
+        monkeypatch.setenv(workers.MEMORY_ENV, text)
+        assert workers.memory_bytes() == value
+
+
+def test_errors_keep_their_type_through_the_worker(examples_bundle, store, pool):
+    bundle = loaded_with(pool, examples_bundle, store)
+    with pytest.raises(PerfConfigError, match="needs a cpu config"):
+        bundle.native(bundle.record("gemm_bias_relu"), devices.resolve("cpu", store), "0=amdgpu:v1:64x128x0,2x4x0,0x0x16,none,256x1x1,64,2,0")
+
+
+# --- the pool itself --------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def source(examples_bundle) -> tuple[Source, str]:
+    bundle = read_bundle(examples_bundle)
+    record = bundle.kernel("gemm_bias_relu")
+    stage = record.stage("any")
+    return Source(stage.blob, bundle.blob(stage.blob), stage.phase, stage.to_dict()), record.name
+
+
+def test_errors_and_crashes_do_not_stop_the_others(source):
+    target = devices.resolve("cpu")
+    configs = ["default", TOO_LARGE, GOOD, GOOD.replace("x0x4", "x0x1"), "0=cpu:v1:128x128x0,8x32x0,0x0x4"]
+    jobs = [Job.compile(i, source[1], target, source[0], c) for i, c in enumerate(configs)]
+
+    def crash_job_3(job, pid):
+        if job.id == 3:
+            os.kill(pid, signal.SIGKILL)
+
+    with Pool(workers=2) as two:
+        results = two.run(jobs, on_start=crash_job_3)
+        assert [results[i].status for i in range(len(jobs))] == ["ok", "error", "ok", "crash", "ok"]
+        assert "large vector sizes" in results[1].error
+        assert "signal SIGKILL" in results[3].error
+        assert isinstance(results[3].error_for("k", target), FinalizeError)
+        assert results[0].data["native"] != results[2].data["native"]
+        assert all(results[i].compile_s > 0 and results[i].stamp_s >= 0 for i in (0, 2, 4))
+        assert two.spawned == 3  # two workers and the crashed one's replacement
+
+
+def test_an_unknown_job_kind_is_an_error_and_the_worker_carries_on(source):
+    target = devices.resolve("cpu")
+    with Pool(workers=1) as one:
+        bad = Job(0, "no-such-kind", "k", target, {})
+        result = one.run([bad])[0]
+        assert result.status == "error" and "unknown job kind" in result.error
+        assert one.run([Job.compile(1, source[1], target, source[0])])[1].ok
