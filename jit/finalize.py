@@ -59,15 +59,26 @@ def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
     return module
 
 
-def finalize(bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
-    """Native code (a vmfb) for a kernel on a target, with the compiler's default config."""
+def stage_module(bundle: Bundle, record: KernelRecord, target: Target):
+    """The kernel's stage for `target`, parsed and fitted, and that stage."""
     stage = record.stage(target.family)
     check_stage(stage, record.name)
-    module = fitted(bundle.blob(stage.blob), stage, target, record.name)
+    return fitted(bundle.blob(stage.blob), stage, target, record.name), stage
+
+
+def finalize(bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
+    """Native code (a vmfb) for a kernel on a target, with the compiler's default config."""
+    module, stage = stage_module(bundle, record, target)
     return finish(target, module, stage.phase, record.name)
 
 
-def configure(module, from_phase: str, target: Target, name: str):
+def configure(bundle: Bundle, record: KernelRecord, target: Target):
+    """The kernel lowered to the phase where each dispatch carries its lowering config."""
+    module, stage = stage_module(bundle, record, target)
+    return to_configurations(module, stage.phase, target, record.name)
+
+
+def to_configurations(module, from_phase: str, target: Target, name: str):
     """The module lowered to the phase where each dispatch carries its lowering config."""
     if from_phase == CONFIGURED_PHASE:
         return module

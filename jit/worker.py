@@ -89,7 +89,7 @@ class _State:
         key = (target.identity, source["key"])
         if key not in self.configured:
             module = self.module(target, source, name)
-            _keep(self.configured, key, finalize.configure(module, source["phase"], target, name))
+            _keep(self.configured, key, finalize.to_configurations(module, source["phase"], target, name))
         return self.configured[key]
 
 
