@@ -98,8 +98,11 @@ def meta_and_blobs(
         return meta, blobs
     problems = sorted(validator(schema).iter_errors(meta), key=lambda e: list(e.absolute_path))
     if problems:
-        where = "/".join(map(str, problems[0].absolute_path)) or "meta"
-        raise error(f"metadata does not match the {schema} schema at {where}: {problems[0].message[:300]}")
+        first = problems[0]
+        where = "/".join(map(str, first.absolute_path)) or "meta"
+        rule = first.schema.get("description") if first.validator == "pattern" and isinstance(first.schema, dict) else None
+        detail = f"{first.instance!r} is not {rule}" if rule else first.message
+        raise error(f"metadata does not match the {schema} schema at {where}: {detail[:300]}")
     return meta, blobs
 
 

@@ -2,26 +2,24 @@
 
 from __future__ import annotations
 
-import time
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
 from portkern import schemas
 from portkern.cache.keys import validated_key
 from portkern.cache.store import CacheWarning, Store, default_store
-from portkern.errors import DeviceError, KernelRuntimeError, TuningError
+from portkern.errors import DeviceError, KernelRuntimeError, PortkernError, TuningError
 from portkern.jit import devices
 from portkern.jit.args import check_arguments
-from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, check_toolchain, compiler_id, selection_problem
+from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
-from portkern.jit.toolchain import OPENCL, toolchain_for
+from portkern.jit.toolchain import toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, read_bundle
-from portkern.portable.launch import launch_of
-from portkern.portable.producer import check_release
+from portkern.portable.verify import check_kernels
 from portkern.tuner.session import tune_kernel
 
 if TYPE_CHECKING:
@@ -42,12 +40,7 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
         return seen[-1]
 
     bundle = read_bundle(path, validated)
-    for record in bundle.kernels:
-        if toolchain_for(record) is OPENCL:
-            launch_of(record)
-        for stage in record.stages:
-            if stage.format == "mlir-bytecode":
-                check_release(stage.producer, record.name)
+    check_kernels(bundle)
     if not any(seen):
         store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
     return LoadedBundle(bundle, Path(path), store)
@@ -95,8 +88,6 @@ class LoadedBundle(NativeCode):
                 f"(use `portkern finalize --target {target.label}` to build for it ahead of time)"
             )
         check_toolchain(record, target)
-        if not toolchain_for(record).tunable and tune not in NO_SEARCH:
-            raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
         config, tuning = self.config_for(record, target, tune)
         plan = self.plan(record, target, config)
         native = self.obtain(plan)
@@ -113,9 +104,37 @@ class LoadedBundle(NativeCode):
             executable = self._executable(record, target, native)
         return Kernel(record, target, native, executable, tuning)
 
+    def prepare(
+        self,
+        device: str = "cpu",
+        kernels: Sequence[str] | None = None,
+        tune: str | None = None,
+        workers: int | None = None,
+        progress: Progress | None = None,
+    ) -> dict[str, Native | PortkernError]:
+        """Warm up: native code for the bundle's kernels (default: all) on a device, the cold
+        ones finalised concurrently on up to `workers` worker processes (default: one per
+        core). The device need not be on this machine (code is built for it ahead of time).
+        A kernel that fails holds its typed error; the others are still prepared.
+        `tune` as for `kernel` (kernels are tuned one after another first)."""
+        target = devices.resolve(device, self.store)
+        records = [self.record(name) for name in (kernels if kernels is not None else self.names())]
+        outcomes: dict[str, Native | PortkernError] = {}
+        plans = []
+        for record in records:
+            try:
+                plans.append(self.plan(record, target, self.config_for(record, target, tune)[0]))
+            except PortkernError as exc:
+                outcomes[record.name] = exc
+        for plan, outcome in zip(plans, self.obtain_many(plans, workers, progress)):
+            outcomes[plan.name] = outcome
+        return {record.name: outcomes[record.name] for record in records}
+
     def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, "TuneResult | None"]:
         """The perf config to use (stored selection, default, or a fresh tuning result),
         and the tuning result when `tune` asked for one."""
+        if not toolchain_for(record).tunable and tune not in NO_SEARCH:
+            raise TuningError(f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
         if tune in NO_SEARCH:
             if tune is None:
                 chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))

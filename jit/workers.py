@@ -130,24 +130,33 @@ class Job:
 
 
 @dataclass(kw_only=True)
-class Result:
-    """A job's outcome: status "ok" with its `data`, or "error", "crash", "oom" or "timeout"."""
+class Compiled:
+    """How far a compile got, and what it cost."""
 
-    id: int
+    #: "ok", or what went wrong: "error" (the compiler rejected it), "crash", "oom", "timeout", ...
     status: str = "ok"
     error: str = ""
-    #: The `PortkernError` subclass the worker raised ("" for other failures).
-    error_type: str = ""
-    data: dict[str, Any] = field(default_factory=dict)
+    #: Parse (+ lowering to where configs are stamped), paid by a kernel's first job on a worker.
     setup_s: float = 0.0
+    #: Clone + stamp, and compile, inside the worker.
     stamp_s: float = 0.0
     compile_s: float = 0.0
-    #: From handing out the job to its result, seen by the parent.
-    wall_s: float = 0.0
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+@dataclass(kw_only=True)
+class Result(Compiled):
+    """A job's outcome: status "ok" with its `data`, or "error", "crash", "oom" or "timeout"."""
+
+    id: int
+    #: The `PortkernError` subclass the worker raised ("" for other failures).
+    error_type: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
+    #: From handing out the job to its result, seen by the parent.
+    wall_s: float = 0.0
 
     def error_for(self, name: str, target: Target) -> PortkernError:
         """The typed error this failure stands for: the worker's own type, else `FinalizeError`

@@ -6,12 +6,13 @@ import hashlib
 from pathlib import Path
 from typing import Callable
 
-from portkern.errors import BuildError
+from portkern.errors import BuildError, PortkernError
 from portkern.portable.bundle import Bundle, KernelRecord, Stage, sha256, write_bundle
 from portkern.portable.compiler import Compiler, bytecode
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
 from portkern.portable.lower import PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
+from portkern.portable.verify import read_back
 
 #: Called before each kernel is built, with its spec, index and the kernel count.
 Progress = Callable[[KernelSpec, int, int], None]
@@ -73,6 +74,14 @@ def family_stage(spec: KernelSpec, lowered: Lowered, name: str, compiler: Compil
     return stage, data
 
 
+def self_check(data: bytes, output: str | Path) -> None:
+    """Read a bundle's bytes back exactly as `portkern.load` will, before they are published."""
+    try:
+        read_back(data)
+    except PortkernError as exc:
+        raise BuildError(f"{output}: not written: the bundle as built fails the reader ({type(exc).__name__}: {exc})") from None
+
+
 def build_file(
     manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None
 ) -> Bundle:
@@ -80,5 +89,5 @@ def build_file(
     bundle = build(load_manifest(manifest_path), progress)
     if finish is not None:
         bundle = finish(bundle)
-    digest = write_bundle(bundle, output)
+    digest = write_bundle(bundle, output, check=lambda data: self_check(data, output))
     return Bundle(bundle.name, bundle.kernels, bundle.blobs, digest, bundle.version)

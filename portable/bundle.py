@@ -239,9 +239,12 @@ def encode(bundle: Bundle) -> bytes:
     return framing.pack(_format(), {"meta": bundle.meta(), "blobs": blobs})
 
 
-def write_bundle(bundle: Bundle, path: str | Path) -> str:
-    """Write atomically (temp file + rename); return the bundle digest."""
+def write_bundle(bundle: Bundle, path: str | Path, check: Callable[[bytes], object] | None = None) -> str:
+    """Write atomically (temp file + rename), after `check(bytes)` (if given) has passed;
+    return the bundle digest."""
     data = encode(bundle)
+    if check is not None:
+        check(data)
     framing.write_atomic(path, data, BundleError)
     return data[HEADER_SIZE - 32 : HEADER_SIZE].hex()
 

@@ -93,6 +93,8 @@ def import_onnx(path: Path) -> bytes:
 
 def find_entry(module, spec: KernelSpec) -> tuple[str, Signature]:
     """The entry function's name and signature in a source module."""
+    from iree.compiler import ir
+
     public = {}
     for op in module.body.operations:
         op = op.operation
@@ -100,7 +102,7 @@ def find_entry(module, spec: KernelSpec) -> tuple[str, Signature]:
             continue
         if "sym_visibility" in op.attributes and str(op.attributes["sym_visibility"]).strip('"') != "public":
             continue
-        public[str(op.attributes["sym_name"]).strip('"')] = op
+        public[ir.StringAttr(op.attributes["sym_name"]).value] = op
     if not public:
         raise BuildError(f"{spec.source}: no public function to use as entry")
     if spec.entry is None:

@@ -156,5 +156,5 @@ def _describe(where: tuple, error) -> str:
     if error.validator == "required":
         return f"{dotted}: {error.message}"
     if error.validator == "pattern":
-        return f"{dotted}: {error.instance!r} is not a valid name (letters, digits, _ . -; starting with a letter or _)"
+        return f"{dotted}: {error.instance!r} is not {error.schema.get('description') or 'valid'}"
     return f"{dotted}: {error.message}"

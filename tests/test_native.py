@@ -3,6 +3,7 @@ crashes, runs out of memory or overruns costs one FinalizeError and the next ker
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -20,6 +21,7 @@ from portkern.portable.compiler import Compiler
 
 from helpers import assert_matches
 
+EXAMPLE_KERNELS = ("gemm_bias_relu", "gemm_glu", "gemm_rowsum", "gemm_transpose_add", "mlp")
 GOOD = "0=cpu:v1:64x64x0,8x32x0,0x0x4"
 #: Distribution tiles only: the vector ops cover whole 64x512 slices, which LLVMCPU refuses.
 TOO_LARGE = "0=cpu:v1:64x64x0,0x0x0,0x0x0"
@@ -188,3 +190,37 @@ def test_an_unknown_job_kind_is_an_error_and_the_worker_carries_on(source):
         result = one.run([bad])[0]
         assert result.status == "error" and "unknown job kind" in result.error
         assert one.run([Job.compile(1, source[1], target, source[0])])[1].ok
+
+
+# --- parallel warm-up ---------------------------------------------------------------
+
+
+def test_prepare_finalises_every_cold_kernel_at_once_then_serves_them(examples_bundle, store, rng):
+    with Pool(workers=2) as two:
+        bundle = loaded_with(two, examples_bundle, store)
+        seen = []
+        prepared = bundle.prepare("cpu", workers=2, progress=lambda done, total, plan: seen.append((done, total)))
+        assert {name: native.origin for name, native in prepared.items()} == dict.fromkeys(bundle.names(), "finalized")
+        assert two.spawned == 2 and seen[-1] == (len(bundle.names()),) * 2
+        again = bundle.prepare("cpu", kernels=["gemm_glu", "mlp"])
+        assert {name: native.origin for name, native in again.items()} == {"gemm_glu": "cache", "mlp": "cache"}
+        assert two.spawned == 2
+    for name in bundle.names():
+        kernel = bundle.kernel(name)
+        assert kernel.origin == "cache"
+        check_kernel(kernel, name, rng)
+
+
+def test_prepare_keeps_going_past_a_failing_kernel(examples_bundle, store, pool, monkeypatch):
+    monkeypatch.setenv(workers.MEMORY_ENV, "64M")
+    prepared = loaded_with(pool, examples_bundle, store).prepare("cpu", kernels=["gemm_glu", "mlp"])
+    assert all(isinstance(outcome, FinalizeError) and "out of memory" in str(outcome) for outcome in prepared.values())
+
+
+def test_cli_finalize_with_workers(examples_bundle, tmp_path, capsys):
+    from portkern.cli.main import main
+
+    code = main(["finalize", str(examples_bundle), "--target", "cpu", "--workers", "2", "--cache-dir", str(tmp_path / "c"), "--json"])
+    entries = json.loads(capsys.readouterr().out)["entries"]
+    assert code == 0 and {e["kernel"]: e["origin"] for e in entries} == dict.fromkeys(EXAMPLE_KERNELS, "finalized")
+    assert main(["finalize", str(examples_bundle), "--target", "cpu", "--workers", "0", "--json"]) != 0

@@ -5,28 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from portkern.jit.workers import Compiled
 from portkern.tuner.measure import Timing
 
 #: Candidate outcomes that count as failures (the candidate never produced a usable kernel).
 FAILED = ("error", "crash", "oom", "timeout", "unloadable")
-
-
-@dataclass(kw_only=True)
-class Compiled:
-    """How far a candidate got, and what its compilation cost."""
-
-    #: "ok", or what went wrong: "error" (the compiler rejected it), "crash", "oom", "timeout", ...
-    status: str = "ok"
-    error: str = ""
-    #: Parse + configure of the kernel, paid by the first job of a kernel on a worker.
-    setup_s: float = 0.0
-    #: Clone + stamp, and compile, inside the worker.
-    stamp_s: float = 0.0
-    compile_s: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
 
 
 @dataclass(kw_only=True)

@@ -12,7 +12,6 @@ selection, and its native code is put in the cache for the loader.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import threading
 import time
@@ -239,18 +238,12 @@ def _stored_config(stored: dict | None, d: Dispatch, strategy: str):
 
 # --- the loader's entry points ----------------------------------------------------
 
-_shared: Tuner | None = None
-_shared_lock = threading.Lock()
+#: The process-wide tuner used by `bundle.kernel(..., tune=...)`: it runs on the shared worker pool.
+_shared = Tuner()
 
 
 def shared_tuner() -> Tuner:
-    """The process-wide tuner used by `bundle.kernel(..., tune=...)`; closed at exit."""
-    global _shared
-    with _shared_lock:
-        if _shared is None:
-            _shared = Tuner()
-            atexit.register(_shared.close)
-        return _shared
+    return _shared
 
 
 def tune_kernel(natives: NativeCode, record: KernelRecord, target: Target, strategy: str = "quick", **options) -> TuneResult:

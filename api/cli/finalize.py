@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, human_size, store_from, table
-from portkern.errors import PortkernError
+from portkern.cli.common import Report, add_cache_dir, add_json, console, human_size, store_from, table
+from portkern.errors import PortkernError, UsageError
 
 
 def register(sub) -> None:
@@ -25,6 +25,7 @@ def register(sub) -> None:
         help="target(s), comma-separated or repeated: gfx942, gfx90a:xnack-, cuda:sm_90, cpu:znver4, cpu",
     )
     fin.add_argument("--kernel", action="append", metavar="NAME", help="only these kernels (default: all)")
+    fin.add_argument("--workers", type=int, metavar="N", help="finalise up to N kernels at once (default: one per core)")
     fin.add_argument("--export", type=Path, metavar="FILE", help="also write the entries to an export file")
     add_cache_dir(fin)
     add_json(fin)
@@ -36,20 +37,24 @@ def run_finalize(args: argparse.Namespace) -> Report:
     from portkern.cache import transfer
     from portkern.jit import codeobject, devices
 
+    if args.workers is not None and args.workers < 1:
+        raise UsageError("--workers must be at least 1")
     store = store_from(args)
     bundle = portkern.load(args.bundle, store=store)
     specs = [spec for value in args.target for spec in devices.split(value)]
     targets = [devices.resolve(spec, store) for spec in specs]
     names = args.kernel or bundle.names()
-    records = [bundle.record(name) for name in names]
+    for name in names:
+        bundle.record(name)
     rows = []
-    for target in targets:
-        for record in records:
-            row = {"kernel": record.name, "target": target.label, "fingerprint": target.fingerprint.digest()}
-            try:
-                native = bundle.native(record, target)
-            except PortkernError as exc:
-                rows.append({**row, "ok": False, "error": f"{type(exc).__name__}: {' '.join(str(exc).split())}"})
+    with _progress(disabled=args.json) as show:
+        prepared = [(target, bundle.prepare(spec, names, workers=args.workers, progress=show.for_target(target.label, len(names))))
+                    for spec, target in zip(specs, targets)]
+    for target, outcomes in prepared:
+        for name, native in outcomes.items():
+            row = {"kernel": name, "target": target.label, "fingerprint": target.fingerprint.digest()}
+            if isinstance(native, PortkernError):
+                rows.append({**row, "ok": False, "error": f"{type(native).__name__}: {' '.join(str(native).split())}"})
                 continue
             rows.append(
                 {
@@ -77,3 +82,30 @@ def run_finalize(args: argparse.Namespace) -> Report:
 
     return Report(data, render, status=0 if all(r["ok"] for r in rows) else 1)
 
+
+
+class _progress:
+    """A rich progress bar per target on stderr: kernels finalised (or found) so far."""
+
+    def __init__(self, disabled: bool) -> None:
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.bar = Progress(
+            TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+            console=console(stderr=True), disable=disabled, transient=False,
+        )
+
+    def __enter__(self):
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.stop()
+
+    def for_target(self, label: str, kernels: int):
+        task = self.bar.add_task(f"finalising for {label}", total=kernels)
+
+        def show(done: int, total: int, plan) -> None:
+            self.bar.update(task, completed=done, total=total, description=f"finalising for {label}: {plan.name}")
+
+        return show

@@ -1,0 +1,29 @@
+"""What `portkern.load` checks beyond a bundle file's own rules, shared with the builder's self-check.
+
+Each OpenCL kernel's launch description must be sound, and each MLIR stage's
+producer an IREE of the installed release. The builder runs these, and the
+whole reader, on the bytes it is about to publish.
+"""
+
+from __future__ import annotations
+
+from portkern.portable.bundle import Bundle, decode
+from portkern.portable.launch import launch_of
+from portkern.portable.producer import check_release
+
+
+def check_kernels(bundle: Bundle) -> None:
+    """Raise the typed error `portkern.load` would raise for any kernel of `bundle`."""
+    for record in bundle.kernels:
+        if any(stage.format == "spirv" for stage in record.stages):
+            launch_of(record)
+        for stage in record.stages:
+            if stage.format == "mlir-bytecode":
+                check_release(stage.producer, record.name)
+
+
+def read_back(data: bytes) -> Bundle:
+    """Bundle bytes read exactly as `portkern.load` reads a file (every rule of docs/bundle-format.md)."""
+    bundle = decode(data)
+    check_kernels(bundle)
+    return bundle
