@@ -6,7 +6,9 @@ that is not a `PortkernError` is a bug.
 
 from __future__ import annotations
 
+import difflib
 import re
+from typing import Iterable
 
 
 class PortkernError(Exception):
@@ -29,6 +31,12 @@ def gist(text: object, limit: int = 200) -> str:
             line = trimmed
         return _LOCATION.split(line, maxsplit=1)[0][:limit]
     return "failed without a diagnostic"
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """A hint naming the closest of `choices` to a misspelt `word` (`" (did you mean 'x'?)"`), or ""."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # --- build host -------------------------------------------------------------
