@@ -29,6 +29,12 @@ def seed(tmp_path_factory):
     return build_seed(tmp_path_factory.mktemp("fuzz-seed"), opencl)
 
 
+@pytest.fixture(autouse=True)
+def short_compile_bound(monkeypatch):
+    """Mutated bytecode can make MLIR's reader loop for good; such a case costs this bound."""
+    monkeypatch.setenv("PORTKERN_COMPILE_TIMEOUT", "20")
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     return Store(CacheConfig(tmp_path_factory.mktemp("fuzz-cache"), 1 << 30, False))
