@@ -20,17 +20,28 @@ def message_lines(text: object) -> list[str]:
     return [line.strip() for line in str(text).splitlines() if line.strip()]
 
 
+def brief(text: object, lines: int | None = 1, *, last: bool = False, limit: int | None = 500, sep: str = " | ") -> str:
+    """The first `lines` (with `last`: the final ones; None: all) distinct non-empty lines of
+    a message (a tool's output, an exception), joined by `sep`, cut at `limit` characters;
+    "" when it has none."""
+    found = list(dict.fromkeys(message_lines(text)))
+    if lines is not None:
+        found = found[-lines:] if last else found[:lines]
+    return sep.join(found)[:limit]
+
+
 _LOCATION = re.compile(r" [^\s:]*:\d+:\d+: ")
 _NOISE = re.compile(r"^.*?IREE failed between phases \S+ and \S+: |^[^\s:]*:\d+:\d+: ")
 
 
 def gist(text: object, limit: int = 200) -> str:
     """The gist of a message: its first line without compiler phase and source-location prefixes."""
-    for line in message_lines(text):
-        while (trimmed := _NOISE.sub("", line, count=1)) != line:
-            line = trimmed
-        return _LOCATION.split(line, maxsplit=1)[0][:limit]
-    return "failed without a diagnostic"
+    line = brief(text, limit=None)
+    if not line:
+        return "failed without a diagnostic"
+    while (trimmed := _NOISE.sub("", line, count=1)) != line:
+        line = trimmed
+    return _LOCATION.split(line, maxsplit=1)[0][:limit]
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -1,6 +1,6 @@
 """`portkern cache export/import`: native code and tuning results moved between machines.
 
-An export file is framed like a bundle (`portkern.framing`, magic
+An export file is framed like a bundle (`portkern.portable.framing`, magic
 `\\x89PKX\\r\\n\\x1a\\n`); its payload is `{"meta": <schemas/cache-export.schema.json>,
 "blobs": {<sha256>: <artifact bytes>}}`. Import treats the file as untrusted:
 it checks the schema, every artifact's hash, and recomputes every key from the
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from portkern import framing
+from portkern.portable import framing
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, tuning_key
 from portkern.cache.store import Entry, Store, matches_device
@@ -78,12 +78,7 @@ def export(store: Store, path: str | Path, *, device: str | None = None, keys: I
 def import_(store: Store, path: str | Path) -> TransferReport:
     """Add an export file's entries and tuning results to the store; refuse anything that does not check out."""
     path = Path(path)
-    try:
-        if path.stat().st_size > MAX_EXPORT_BYTES:
-            raise CacheError(f"{path}: larger than the {MAX_EXPORT_BYTES}-byte export limit")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise CacheError(f"cannot read {path}: {exc.strerror or exc}") from None
+    raw = framing.read_limited(path, MAX_EXPORT_BYTES, "export", CacheError)
     try:
         _, _, document = framing.unpack(FORMAT, raw)
         meta, blobs = framing.meta_and_blobs(document, "cache-export", CacheError)

@@ -16,7 +16,7 @@ import sys
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError
+from portkern.errors import DeviceError, brief
 from portkern.jit import gpu
 from portkern.jit.codeobject import AMDGPU_PROCESSORS
 from portkern.jit.target import Probe, Target
@@ -79,11 +79,11 @@ def _probe() -> Probe:
     except ImportError as exc:
         return Probe(KIND, (), f"hip-python is not installed (pip install 'portkern[amd]'): {exc}")
     except Exception as exc:  # noqa: BLE001 - a broken install must not break probing
-        return Probe(KIND, (), f"hip-python failed to import: {type(exc).__name__}: {gpu.first_line(exc)}")
+        return Probe(KIND, (), f"hip-python failed to import: {type(exc).__name__}: {brief(exc)}")
     try:
         return _devices(hip)
     except Exception as exc:  # noqa: BLE001 - hip-python raises RuntimeError for a missing symbol, and more
-        return Probe(KIND, (), f"no AMD device: probing HIP failed ({type(exc).__name__}: {gpu.first_line(exc)})")
+        return Probe(KIND, (), f"no AMD device: probing HIP failed ({type(exc).__name__}: {brief(exc)})")
 
 
 def _devices(hip) -> Probe:

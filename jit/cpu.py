@@ -14,7 +14,7 @@ from pathlib import Path
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError, message_lines
+from portkern.errors import DeviceError, brief
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 
 KIND = "cpu"
@@ -78,8 +78,7 @@ def _llvm_resolve(cpu: str) -> DeviceFingerprint:
     except subprocess.TimeoutExpired:
         raise DeviceError(f"probing the CPU {cpu!r} took longer than {PROBE_TIMEOUT_S} s") from None
     if "is not a recognized processor" in done.stderr or done.returncode != 0:
-        lines = message_lines(done.stderr)
-        raise DeviceError(f"LLVM does not know the CPU {cpu!r} ({lines[-1] if lines else 'probe failed'})")
+        raise DeviceError(f"LLVM does not know the CPU {cpu!r} ({brief(done.stderr, last=True) or 'probe failed'})")
     return DeviceFingerprint.from_dict(json.loads(done.stdout))
 
 

@@ -20,7 +20,7 @@ import sys
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError
+from portkern.errors import DeviceError, brief
 from portkern.jit import gpu
 from portkern.jit.target import Probe, Target
 
@@ -116,7 +116,7 @@ def _probe() -> Probe:
     try:
         return _devices(library)
     except Exception as exc:  # noqa: BLE001 - a broken driver must not break probing
-        return Probe(KIND, (), f"no NVIDIA device: probing the CUDA driver failed ({type(exc).__name__}: {gpu.first_line(exc)})")
+        return Probe(KIND, (), f"no NVIDIA device: probing the CUDA driver failed ({type(exc).__name__}: {brief(exc)})")
 
 
 def _devices(lib) -> Probe:

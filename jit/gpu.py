@@ -21,7 +21,7 @@ from typing import Callable
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import CompileError, DeviceError, FinalizeError, message_lines
+from portkern.errors import CompileError, DeviceError, FinalizeError, brief
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 from portkern.portable.bundle import Stage
 from portkern.portable.family import FAMILY_PHASE, attach, family, replace
@@ -47,10 +47,15 @@ def memoised_target(kind: str, arch: str, make: Callable[[], str], store: Store 
 
 
 def probe_once(read: Callable[[], Probe], doc: str) -> Callable[..., Probe]:
-    """A backend's `probe(store=None)`: `read()` (which must never raise) run once per process."""
+    """A backend's `probe(store=None)`: `read()` (which must never raise) run once per process.
+
+    The store is not used: which GPUs are present is read live, never memoised across
+    processes (a GPU or its driver can come and go between runs), unlike the CPU's
+    identity and the targets' attributes. The argument is there for the backend interface."""
     cached = functools.lru_cache(maxsize=1)(read)
 
     def probe(store: Store | None = None) -> Probe:
+        del store  # see above: presence is read live
         return cached()
 
     probe.__doc__ = doc
@@ -66,14 +71,8 @@ def driver_problem(driver: str) -> str:
 
         found = rt.get_driver(driver).query_available_devices()
     except (RuntimeError, ValueError) as exc:
-        return f"IREE's {driver} driver is not usable: {first_line(exc)}"
+        return f"IREE's {driver} driver is not usable: {brief(exc) or type(exc).__name__}"
     return "" if found else f"IREE's {driver} driver sees no device"
-
-
-def first_line(exc: BaseException) -> str:
-    """The first non-empty line of an exception's message."""
-    lines = message_lines(exc)
-    return lines[0] if lines else type(exc).__name__
 
 
 def make_target(backend: ModuleType, arch: str | None, store: Store | None) -> Target:

@@ -57,14 +57,13 @@ class Plan:
     compiler: str
     config: str = DEFAULT_CONFIG
     key: ArtifactKey = field(init=False, compare=False)
+    #: The cache key itself.
+    hex: str = field(init=False, compare=False)
 
     def __post_init__(self) -> None:
         key = artifact_key(self.kernel, self.target.fingerprint, self.compiler, self.config, self.identity)
         object.__setattr__(self, "key", key)
-
-    @property
-    def hex(self) -> str:
-        return self.key.hex
+        object.__setattr__(self, "hex", key.hex)
 
     @property
     def name(self) -> str:

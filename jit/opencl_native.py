@@ -20,7 +20,7 @@ from typing import Mapping
 
 import numpy as np
 
-from portkern.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, PortkernError, message_lines
+from portkern.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, PortkernError, brief
 from portkern.jit import opencl
 from portkern.jit.args import bind_launch
 from portkern.jit.target import Target
@@ -113,7 +113,7 @@ def build(record: KernelRecord, blobs: Mapping[str, bytes], target: Target) -> b
         program = cl.Program(ctx, data) if chosen.stage.format == "spirv" else cl.Program(ctx, [dev], [data])
         program.build(options=list(chosen.options), devices=[dev])
     except cl.Error as exc:
-        raise FinalizeError(f"{target.label}: the OpenCL driver cannot build {record.name!r}: {_log(exc)}") from None
+        raise FinalizeError(f"{target.label}: the OpenCL driver cannot build {record.name!r}: {brief(exc, None, limit=1500) or type(exc).__name__}") from None
     kernel = ClKernel(program, record, chosen.launch, chosen.variant, target)
     for shapes in scratch_shapes(chosen.launch, chosen.variant):
         inputs = [np.zeros(shape, arg.dtype) for shape, arg in zip(shapes, chosen.launch.inputs)]
@@ -186,7 +186,7 @@ class Executable:
         try:
             program = cl.Program(ctx, [opencl.device(target)], [binary]).build()
         except cl.Error as exc:
-            raise KernelRuntimeError(f"cannot load the OpenCL binary of {record.name!r}: {_log(exc)}") from None
+            raise KernelRuntimeError(f"cannot load the OpenCL binary of {record.name!r}: {brief(exc, None, limit=1500) or type(exc).__name__}") from None
         self._kernel = ClKernel(program, record, launch, variant, target)
         self.entry = record.entry
 
@@ -261,7 +261,3 @@ def _module(data: bytes, name: str) -> spirv.Module:
         return _read_module(data)
     except CompileError as exc:
         raise FinalizeError(f"kernel {name!r}: its SPIR-V stage is unreadable: {exc}") from None
-
-
-def _log(exc: Exception) -> str:
-    return " | ".join(dict.fromkeys(message_lines(exc)))[:1500] or type(exc).__name__

@@ -32,7 +32,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
 from portkern import errors
-from portkern.errors import FinalizeError, PortkernError, message_lines
+from portkern.errors import FinalizeError, PortkernError, brief
 from portkern.jit.target import Target
 from portkern.jit.worker import read_frame, write_frame
 
@@ -207,10 +207,9 @@ class _Worker:
             self.log.seek(0, os.SEEK_END)
             size = self.log.tell()
             self.log.seek(max(0, size - 8192))
-            lines = message_lines(self.log.read().decode(errors="replace"))
+            return brief(self.log.read().decode(errors="replace"), last=True, limit=300)
         except OSError:
             return ""
-        return lines[-1][:300] if lines else ""
 
     def stop(self, kill: bool = False) -> None:
         try:

@@ -1,6 +1,6 @@
 """The `.pkb` bundle format (v1): reading, writing and the records it holds.
 
-The file is framed by `portkern.framing` with the magic `\\x89PKB\\r\\n\\x1a\\n`;
+The file is framed by `portkern.portable.framing` with the magic `\\x89PKB\\r\\n\\x1a\\n`;
 the framing's digest (sha256 of the payload) is the bundle digest. The
 payload is `{"meta": <metadata, see schemas/bundle.schema.json>, "blobs":
 {<sha256 hex>: <bytes>}}`; docs/bundle-format.md has the full description.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from portkern import framing
+from portkern.portable import framing
 from portkern.errors import (
     BadMagicError,
     BundleError,
@@ -275,13 +275,7 @@ def read_bundle(path: str | Path, validated: Callable[[str], bool] | None = None
     the schema check (the digest itself is always verified), to skip repeating it.
     """
     path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BUNDLE_BYTES:
-            raise OversizeFieldError(f"{path}: {size} bytes is larger than the {MAX_BUNDLE_BYTES}-byte bundle limit")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BundleError(f"{path}: cannot read bundle: {exc.strerror or exc}") from None
+    data = framing.read_limited(path, MAX_BUNDLE_BYTES, "bundle", BundleError, OversizeFieldError)
     try:
         return decode(data, validated)
     except BundleError as exc:

@@ -13,7 +13,7 @@ import io
 import threading
 from typing import TYPE_CHECKING, Sequence
 
-from portkern.errors import CompileError, message_lines
+from portkern.errors import CompileError, brief
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -97,7 +97,7 @@ class Compiler:
             try:
                 return ir.Module.parse(data, self.context)
             except ir.MLIRError as exc:
-                raise CompileError(f"{name}: cannot parse MLIR: {_one_line(str(exc))}") from None
+                raise CompileError(f"{name}: cannot parse MLIR: {brief(exc, None, sep=' ', limit=None)}") from None
 
     def lower(
         self,
@@ -203,14 +203,10 @@ def bytecode_version(data: bytes) -> int:
     return int.from_bytes(data[4 : 5 + extra], "little") >> (extra + 1)
 
 
-def _one_line(text: str) -> str:
-    return " ".join(message_lines(text))
-
-
 def _summary(diagnostics: list[tuple[str, str]], limit: int = 3) -> str:
     errors = [m for s, m in diagnostics if s == "error"] or [m for _, m in diagnostics]
     if not errors:
         return "no diagnostics"
-    shown = "; ".join(_one_line(m)[:400] for m in errors[:limit])
+    shown = "; ".join(brief(m, None, sep=" ", limit=400) for m in errors[:limit])
     more = len(errors) - limit
     return shown + (f" (+{more} more)" if more > 0 else "")

@@ -9,7 +9,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from portkern.errors import BuildError, CompileError, message_lines
+from portkern.errors import BuildError, CompileError, brief
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.manifest import KernelSpec
@@ -87,7 +87,7 @@ def import_onnx(path: Path) -> bytes:
                 raise BuildError(f"{path}: ONNX import took longer than {ONNX_IMPORT_TIMEOUT_S} s") from None
             if done.returncode == 0:
                 return out.read_bytes()
-            errors.append(_last_line(done.stderr))
+            errors.append(brief(done.stderr, last=True) or "no message")
     if any("No module named 'onnx'" in e for e in errors):
         raise BuildError(f"{path}: ONNX import needs the 'onnx' package (pip install 'portkern[onnx]')")
     raise BuildError(f"{path}: ONNX import failed: {errors[0]}")
@@ -152,8 +152,3 @@ def _dtype(element: str, what: str, spec: KernelSpec) -> str:
         raise BuildError(
             f"{spec.source}: {what} of {spec.name!r} has element type {element}, which has no NumPy dtype"
         ) from None
-
-
-def _last_line(text: str) -> str:
-    lines = message_lines(text)
-    return lines[-1][:500] if lines else "no message"

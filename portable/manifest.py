@@ -9,6 +9,7 @@ from typing import Any, Mapping
 import yaml
 
 from portkern.errors import LaunchSpecError, ManifestError, did_you_mean
+from portkern.portable.framing import read_limited
 from portkern.schemas import validator
 
 #: Source suffix -> kernel kind, for kernels whose manifest entry names no kind.
@@ -44,11 +45,10 @@ class Manifest:
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate a manifest file."""
     path = Path(path)
+    data = read_limited(path, MAX_MANIFEST_BYTES, "manifest", ManifestError)
     try:
-        if path.stat().st_size > MAX_MANIFEST_BYTES:
-            raise ManifestError(f"{path}: manifest is larger than {MAX_MANIFEST_BYTES} bytes")
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
     return parse_manifest(text, path)
 

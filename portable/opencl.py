@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from portkern.errors import BuildError, CompileError, LaunchSpecError, message_lines
+from portkern.errors import BuildError, CompileError, LaunchSpecError, brief
 from portkern.portable import spirv
+from portkern.portable.framing import read_limited
 from portkern.portable.bundle import KernelRecord, Stage, sha256
 from portkern.portable.launch import Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, where_of
 from portkern.portable.manifest import KernelSpec
@@ -175,7 +176,7 @@ def to_spir(code: bytes, origin: str) -> bytes:
         (work / "kernel.spv").write_bytes(code)
         done = _run([_path(LLVM_SPIRV), "-r", str(work / "kernel.spv"), "-o", str(work / "kernel.bc")], LLVM_SPIRV)
         if done.returncode != 0:
-            raise BuildError(f"{origin}: {LLVM_SPIRV} -r cannot convert the SPIR-V to SPIR 1.2: {_first_lines(done.stderr)}")
+            raise BuildError(f"{origin}: {LLVM_SPIRV} -r cannot convert the SPIR-V to SPIR 1.2: {(brief(done.stderr, 3, limit=600) or 'no message')}")
         return (work / "kernel.bc").read_bytes()
 
 
@@ -232,12 +233,7 @@ def _c_type(param: spirv.Param) -> str:
 
 
 def _read_source(path: Path) -> bytes:
-    try:
-        if path.stat().st_size > MAX_SOURCE_BYTES:
-            raise BuildError(f"{path}: larger than {MAX_SOURCE_BYTES} bytes")
-        return path.read_bytes()
-    except OSError as exc:
-        raise BuildError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return read_limited(path, MAX_SOURCE_BYTES, "source", BuildError)
 
 
 def _path(tool: str) -> str:
@@ -263,7 +259,7 @@ def _clang(source: Path, defines: Sequence[tuple[str, str]], mode: str, output: 
     if done.returncode != 0:
         errors = [f"{m['where']}: {m['severity']}: {m['message']}" for m in _DIAGNOSTIC.finditer(done.stderr)]
         if not errors:
-            raise BuildError(f"{source}: {CLANG} failed: {_first_lines(done.stderr)}")
+            raise BuildError(f"{source}: {CLANG} failed: {(brief(done.stderr, 3, limit=600) or 'no message')}")
         more = f" (+{len(errors) - 3} more)" if len(errors) > 3 else ""
         raise BuildError("; ".join(errors[:3]) + more)
 
@@ -277,15 +273,11 @@ def _translate(bitcode: Path, origin: str) -> bytes:
 
 def _check(done: subprocess.CompletedProcess, tool: str, origin: str) -> None:
     if done.returncode != 0:
-        raise BuildError(f"{origin}: {tool} failed: {_first_lines(done.stderr)}")
+        raise BuildError(f"{origin}: {tool} failed: {(brief(done.stderr, 3, limit=600) or 'no message')}")
 
 
 def _validation_error(code: bytes, work: Path) -> str | None:
     path = work / f"check-{hashlib.sha256(code).hexdigest()[:16]}.spv"
     path.write_bytes(code)
     done = _run([_path(SPIRV_VAL), str(path)], SPIRV_VAL)
-    return None if done.returncode == 0 else _first_lines(done.stderr + done.stdout)
-
-
-def _first_lines(text: str, limit: int = 3) -> str:
-    return " | ".join(message_lines(text)[:limit])[:600] or "no message"
+    return None if done.returncode == 0 else (brief(done.stderr + done.stdout, 3, limit=600) or 'no message')

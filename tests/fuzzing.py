@@ -29,7 +29,7 @@ import msgpack
 import numpy as np
 
 import portkern
-from portkern import framing
+from portkern.portable import framing
 from portkern.cache.store import Store
 from portkern.errors import PortkernError
 from portkern.portable.bundle import MAGIC

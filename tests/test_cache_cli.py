@@ -7,7 +7,7 @@ import json
 import pytest
 
 import portkern
-from portkern import framing
+from portkern.portable import framing
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.cache.transfer import FORMAT

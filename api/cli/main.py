@@ -10,7 +10,7 @@ import warnings
 
 from portkern import __version__
 from portkern.cli.common import emit
-from portkern.errors import PortkernError, UsageError, message_lines
+from portkern.errors import PortkernError, UsageError, brief
 
 #: Modules that each add one or more subcommands with `register(subparsers)`.
 COMMANDS = (
@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return emit(args.handler(args), getattr(args, "json", False))
     except PortkernError as exc:
-        message = " ".join(message_lines(exc))
+        message = brief(exc, None, sep=" ", limit=None)
         if getattr(args, "json", False):
             print(json.dumps({"error": type(exc).__name__, "message": message}))
         print(f"portkern: error: {message}", file=sys.stderr)

@@ -1,4 +1,5 @@
-"""The framing shared by portkern's files (bundles, cache exports): a checked msgpack payload.
+"""The framing shared by portkern's files (bundles, cache exports): a checked msgpack payload,
+and the one bounded file read every reader of a user's file goes through.
 
     magic    8 bytes
     major    u16 BE
@@ -125,6 +126,20 @@ def _decode(fmt: Format, payload: memoryview) -> Any:
         raise fmt.malformed(f"payload is not valid msgpack ({exc})") from None
     except Exception as exc:  # msgpack raises several unrelated types on bad input
         raise fmt.malformed(f"payload is not valid msgpack ({type(exc).__name__}: {exc})") from None
+
+
+def read_limited(path: str | Path, limit: int, what: str, error: type[Exception], oversize: type[Exception] | None = None) -> bytes:
+    """A file's bytes; `oversize` (default `error`) if it holds more than `limit` bytes,
+    `error` if it cannot be read. Never reads more than `limit` + 1 bytes."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise (oversize or error)(f"{path}: larger than the {limit}-byte {what} limit")
+    return data
 
 
 def write_atomic(path: str | Path, data: bytes, error: type[Exception]) -> None:
