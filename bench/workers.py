@@ -9,6 +9,8 @@
 - cold finalisation through a worker vs in this process: per kernel, a worker that is
   already up (warmed on another kernel) finalising it into an empty cache, against
   `jit.finalize.finalize` in this process; ratio worker/in-process.
+- the compile-time bound: a module whose compile takes tens of seconds, with
+  PORTKERN_COMPILE_TIMEOUT=2 and a worker up: seconds until `kernel()` raises FinalizeError.
 
 Figures are medians over --repeat rounds; the rounds interleave the compared sides.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -29,7 +32,11 @@ from portkern.cache.store import Store
 from portkern.examples import MANIFEST
 from portkern.jit import devices, finalize
 from portkern.jit.workers import Pool
+from portkern.errors import FinalizeError
 from portkern.portable.builder import build_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from fuzzing import slow_module  # noqa: E402
 
 
 def fresh_store(root: Path) -> Store:
@@ -83,6 +90,34 @@ def cold_pair(path: Path, root: Path, name: str, other: str) -> tuple[float, flo
     return worker_s, time.perf_counter() - start
 
 
+def past_the_bound(path: Path, root: Path, bound_s: float = 2.0) -> float:
+    """Seconds from `kernel()` of a too-slow module to its FinalizeError, a worker being up."""
+    where = Path(tempfile.mkdtemp(dir=root))
+    (where / "slow.mlir").write_text(slow_module())
+    (where / "manifest.yaml").write_text("bundle: slow\nkernels:\n  - name: slow\n    source: slow.mlir\n")
+    build_file(where / "manifest.yaml", where / "slow.pkb")
+    store = fresh_store(root)
+    with Pool(workers=1) as pool:
+        warm = portkern.load(path, store=store)
+        warm._pool = pool
+        warm.kernel(warm.names()[0])
+        slow = portkern.load(where / "slow.pkb", store=store)
+        slow._pool = pool
+        previous = os.environ.get("PORTKERN_COMPILE_TIMEOUT")
+        os.environ["PORTKERN_COMPILE_TIMEOUT"] = str(bound_s)
+        start = time.perf_counter()
+        try:
+            slow.kernel("slow")
+        except FinalizeError:
+            return time.perf_counter() - start
+        finally:
+            if previous is None:
+                del os.environ["PORTKERN_COMPILE_TIMEOUT"]
+            else:
+                os.environ["PORTKERN_COMPILE_TIMEOUT"] = previous
+    raise AssertionError("the slow module compiled within the bound")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
@@ -117,6 +152,8 @@ def main() -> int:
         "cold_worker_s": {n: med(v["worker"]) for n, v in cold.items()},
         "cold_in_process_s": {n: med(v["in_process"]) for n, v in cold.items()},
     }
+    result["bound_s"] = 2.0
+    result["bound_to_error_s"] = med([past_the_bound(path, root) for _ in range(args.repeat)])
     total_worker = sum(result["cold_worker_s"].values())
     total_local = sum(result["cold_in_process_s"].values())
     result["cold_worker_over_in_process"] = total_worker / total_local
@@ -131,6 +168,7 @@ def main() -> int:
     for name in names:
         print(f"  {name:20s} {result['cold_worker_s'][name]:.3f} s vs {result['cold_in_process_s'][name]:.3f} s")
     print(f"  all kernels: {total_worker:.2f} s vs {total_local:.2f} s: worker/in-process {result['cold_worker_over_in_process']:.3f}")
+    print(f"compile past PORTKERN_COMPILE_TIMEOUT={result['bound_s']:g}: FinalizeError after {result['bound_to_error_s']:.2f} s")
     return 0
 
 

@@ -14,9 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, TensorSpec
-from portkern.portable.compiler import Compiler
+from portkern.jit.workers import Job, Pool
 from portkern.portable.contract import ShapeContract
-from portkern.portable.specialise import specialise
 
 #: What the tuning DB holds per kernel and target: {"buckets": {label: BucketRecord.to_dict()}}.
 INDEX_SUFFIX = " buckets"
@@ -97,13 +96,17 @@ def specialised_record(record: KernelRecord, values: Mapping[str, int], blob: st
     return replace(record, name=specialised_name(record.name, values), signature=Signature(inputs, results), stages=(stage,), native=())
 
 
-def specialised_bundle(bundle: Bundle, record: KernelRecord, values: Mapping[str, int], compiler: Compiler) -> tuple[Bundle, KernelRecord]:
-    """The bundle with a kernel specialised to `values` added, and that kernel's record."""
+def specialised_bundle(bundle: Bundle, record: KernelRecord, values: Mapping[str, int], pool: Pool) -> tuple[Bundle, KernelRecord]:
+    """The bundle with a kernel specialised to `values` (by a worker of `pool`) added, and that kernel's record."""
     from portkern.portable.bundle import sha256
 
     contract = record.signature.contract
     assert contract is not None
-    data = specialise(compiler, bundle.blob(record.stage().blob), record.entry, contract, values, record.name)
+    job = Job.specialise(0, record.name, record.to_dict(), bundle.blob(record.stage().blob), dict(values))
+    result = pool.run([job], workers=1)[0]
+    if not result.ok:
+        raise result.error_for(record.name)
+    data = result.data["stage"]
     special = specialised_record(record, values, sha256(data), len(data))
     blobs = dict(bundle.blobs)
     blobs[special.stage().blob] = data
@@ -129,7 +132,7 @@ def load_table(loaded, record: KernelRecord, target, stored: Mapping[str, Any] |
         special = specialised_record(record, decided.values, decided.stage, decided.size)
         source = loaded
         if loaded.store.get(loaded.key(special, target, decided.config).hex, count=False) is None:
-            bundle, special = specialised_bundle(loaded.bundle, record, decided.values, Compiler())
+            bundle, special = specialised_bundle(loaded.bundle, record, decided.values, loaded.pool)
             if special.stage().blob != decided.stage:
                 continue  # specialised differently now (another compiler): the bucket needs tuning again
             source = type(loaded)(bundle, loaded.path, loaded.store)

@@ -13,7 +13,7 @@ a compiler prints goes to stderr so it cannot corrupt the channel.
 
 Job kinds: "compile" (a vmfb for a kernel config), "analyse" (the module at
 `executable-configurations` and its dispatches as plain data), "opencl" (a
-program binary).
+program binary), "specialise" (a flow stage with its dynamic sizes fixed).
 """
 
 from __future__ import annotations
@@ -70,6 +70,15 @@ class _State:
     def __init__(self) -> None:
         self.fitted: OrderedDict[tuple, Any] = OrderedDict()
         self.configured: OrderedDict[tuple, Any] = OrderedDict()
+        self._plain = None
+
+    def plain(self):
+        """A compiler session without target flags (for rewriting flow stages)."""
+        from portkern.portable.compiler import Compiler
+
+        if self._plain is None:
+            self._plain = Compiler()
+        return self._plain
 
     def module(self, target, source: dict, name: str):
         """The source parsed (and fitted to the target, for a bundle stage), once per worker."""
@@ -155,7 +164,17 @@ def _opencl(state: _State, job: dict) -> dict:
     return {"native": binary, "compile_s": time.perf_counter() - start}
 
 
-_KINDS = {"compile": _compile, "analyse": _analyse, "opencl": _opencl}
+def _specialise(state: _State, job: dict) -> dict:
+    from portkern.portable.bundle import KernelRecord
+    from portkern.portable.specialise import specialise
+
+    start = time.perf_counter()
+    record = KernelRecord.from_dict(job["record"])
+    stage = specialise(state.plain(), job["blob"], record.entry, record.signature.contract, dict(job["values"]), record.name)
+    return {"stage": stage, "setup_s": time.perf_counter() - start}
+
+
+_KINDS = {"compile": _compile, "analyse": _analyse, "opencl": _opencl, "specialise": _specialise}
 
 
 def _bound_memory(limit: int) -> None:

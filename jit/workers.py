@@ -110,7 +110,7 @@ class Job:
     id: int
     kind: str
     name: str
-    target: Target
+    target: Target | None
     payload: dict
 
     @classmethod
@@ -122,6 +122,11 @@ class Job:
     def analyse(cls, id: int, name: str, target: Target, source: Source) -> "Job":
         """The module at `executable-configurations` as bytecode, and its dispatches."""
         return cls(id, "analyse", name, target, {"source": source.message()})
+
+    @classmethod
+    def specialise(cls, id: int, name: str, record: dict, blob: bytes, values: dict[str, int]) -> "Job":
+        """A kernel's flow stage (`blob`) with its dynamic sizes fixed to `values` (no target)."""
+        return cls(id, "specialise", name, None, {"record": record, "blob": blob, "values": values})
 
     @classmethod
     def opencl(cls, id: int, name: str, target: Target, record: dict, blobs: dict[str, bytes]) -> "Job":
@@ -158,13 +163,14 @@ class Result(Compiled):
     #: From handing out the job to its result, seen by the parent.
     wall_s: float = 0.0
 
-    def error_for(self, name: str, target: Target) -> PortkernError:
+    def error_for(self, name: str, target: Target | None = None) -> PortkernError:
         """The typed error this failure stands for: the worker's own type, else `FinalizeError`
         naming the kernel and the cause."""
         kind = getattr(errors, self.error_type, None) if self.error_type else None
         if isinstance(kind, type) and issubclass(kind, PortkernError) and self.status == "error":
             return kind(self.error)
-        return FinalizeError(f"finalising {name!r} for {target.label} failed: {self.error}")
+        where = f" for {target.label}" if target is not None else ""
+        return FinalizeError(f"finalising {name!r}{where} failed: {self.error}")
 
 
 class _Worker:
@@ -194,7 +200,8 @@ class _Worker:
     def send(self, job: Job, timeout: float, memory: int) -> bool:
         self.job, self.started, self.timeout, self.memory = job, time.perf_counter(), timeout, memory
         self.deadline = self.started + timeout
-        message = {"id": job.id, "kind": job.kind, "name": job.name, "memory": memory, "target": target_message(job.target), **job.payload}
+        target = target_message(job.target) if job.target is not None else None
+        message = {"id": job.id, "kind": job.kind, "name": job.name, "memory": memory, "target": target, **job.payload}
         try:
             write_frame(self.process.stdin, message)
             return True
@@ -237,6 +244,7 @@ class Pool:
         self._workers: list[_Worker] = []
         self._start_failures = 0
         self._lock = threading.RLock()
+        self._pid = os.getpid()
         #: Workers started so far (replacements included).
         self.spawned = 0
 
@@ -282,6 +290,8 @@ class Pool:
             return {}
         timeout, memory = timeout_s(), memory_bytes()
         with self._lock:
+            if self._pid != os.getpid():  # a forked child: the workers are the parent's
+                self._workers, self._pid = [], os.getpid()
             return self._run(todo, on_start, on_result, max(1, workers or self.size), timeout, memory)
 
     def _run(self, todo: deque, on_start, on_result, size: int, timeout: float, memory: int) -> dict[int, Result]:

@@ -9,6 +9,8 @@ From a valid seed bundle it makes re-sealed mutations of four kinds:
 - "blob": an MLIR bytecode, SPIR-V or SPIR blob mutated, its name (sha256), size and every
   reference to it recomputed, then re-sealed.
 
+`slow_module` is MLIR that makes the compiler run long (for the compile-time bound).
+
 Each case is loaded, every kernel finalised and called. The allowed outcomes are a
 `PortkernError` subclass ("refused") or a run whose results have the signature's shapes and
 dtypes ("ran"), equal to the seed's results when the kernel's stage is unchanged. Anything
@@ -108,6 +110,28 @@ class Outcome:
     #: "refused", "ran", "untyped" or "wrong".
     result: str
     detail: str = ""
+
+
+def slow_module(ops: int = 1500) -> str:
+    """One elementwise dispatch whose body chains `ops` transcendental functions: cheap to
+    lower to flow, tens of seconds of LLVM code generation."""
+    body = []
+    for i in range(1, ops + 1):
+        body.append(f"    %t{i} = {('math.sin', 'math.exp', 'math.tanh', 'math.cos')[i % 4]} %x{i - 1} : f32")
+        body.append(f"    %x{i} = arith.addf %t{i}, %x{i - 1} : f32")
+    lines = [
+        "func.func @slow(%a: tensor<64xf32>) -> tensor<64xf32> {",
+        "  %e = tensor.empty() : tensor<64xf32>",
+        "  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],"
+        ' iterator_types = ["parallel"]} ins(%a : tensor<64xf32>) outs(%e : tensor<64xf32>) {',
+        "  ^bb0(%x0: f32, %o: f32):",
+        *body,
+        f"    linalg.yield %x{ops} : f32",
+        "  } -> tensor<64xf32>",
+        "  return %r : tensor<64xf32>",
+        "}",
+    ]
+    return "\n".join(lines) + "\n"
 
 
 # --- making cases -------------------------------------------------------------------

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+import numpy as np
 import pytest
 
 import portkern
@@ -19,6 +20,7 @@ from portkern.portable.builder import build_file
 from portkern.portable.bundle import read_bundle
 from portkern.portable.compiler import Compiler
 
+from fuzzing import slow_module
 from helpers import assert_matches
 
 EXAMPLE_KERNELS = ("gemm_bias_relu", "gemm_glu", "gemm_rowsum", "gemm_transpose_add", "mlp")
@@ -31,28 +33,6 @@ def check_kernel(kernel, name, rng):
     example = EXAMPLES[name]
     inputs = example.inputs(rng)
     assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
-
-
-def slow_module(ops: int = 1500) -> str:
-    """One elementwise dispatch whose body chains `ops` transcendental functions: cheap to
-    lower to flow, tens of seconds of LLVM code generation."""
-    body = []
-    for i in range(1, ops + 1):
-        body.append(f"    %t{i} = {('math.sin', 'math.exp', 'math.tanh', 'math.cos')[i % 4]} %x{i - 1} : f32")
-        body.append(f"    %x{i} = arith.addf %t{i}, %x{i - 1} : f32")
-    lines = [
-        "func.func @slow(%a: tensor<64xf32>) -> tensor<64xf32> {",
-        "  %e = tensor.empty() : tensor<64xf32>",
-        "  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],"
-        ' iterator_types = ["parallel"]} ins(%a : tensor<64xf32>) outs(%e : tensor<64xf32>) {',
-        "  ^bb0(%x0: f32, %o: f32):",
-        *body,
-        f"    linalg.yield %x{ops} : f32",
-        "  } -> tensor<64xf32>",
-        "  return %r : tensor<64xf32>",
-        "}",
-    ]
-    return "\n".join(lines) + "\n"
 
 
 @pytest.fixture(scope="module")
@@ -150,6 +130,34 @@ def test_errors_keep_their_type_through_the_worker(examples_bundle, store, pool)
     bundle = loaded_with(pool, examples_bundle, store)
     with pytest.raises(PerfConfigError, match="needs a cpu config"):
         bundle.native(bundle.record("gemm_bias_relu"), devices.resolve("cpu", store), "0=amdgpu:v1:64x128x0,2x4x0,0x0x16,none,256x1x1,64,2,0")
+
+
+DYNAMIC_GEMM = """
+func.func @main(%a: tensor<?x64xf32>, %b: tensor<64x32xf32>) -> tensor<?x32xf32> {
+  %c0 = arith.constant 0 : index
+  %m = tensor.dim %a, %c0 : tensor<?x64xf32>
+  %e = tensor.empty(%m) : tensor<?x32xf32>
+  %z = arith.constant 0.0 : f32
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x32xf32>) -> tensor<?x32xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<?x64xf32>, tensor<64x32xf32>) outs(%f : tensor<?x32xf32>) -> tensor<?x32xf32>
+  return %r : tensor<?x32xf32>
+}
+"""
+
+
+def test_shape_buckets_are_specialised_in_a_worker_not_here(tmp_path, store, pool, no_parsing_here):
+    from portkern.tuner.session import Tuner, tune_kernel_shapes
+
+    (tmp_path / "gemm.mlir").write_text(DYNAMIC_GEMM)
+    (tmp_path / "manifest.yaml").write_text("bundle: dyn\nkernels:\n  - name: gemm\n    source: gemm.mlir\n")
+    build_file(tmp_path / "manifest.yaml", tmp_path / "dyn.pkb")
+    bundle = loaded_with(pool, tmp_path / "dyn.pkb", store)
+    record, target = bundle.record("gemm"), devices.resolve("cpu", store)
+    with Tuner(workers=1) as tuner:
+        (found,) = tune_kernel_shapes(bundle, record, target, "quick", [[(8, 64), (64, 32)]], tuner=tuner, budget=1, min_gain=float("-inf"))
+    assert found.code == "specialised"
+    a, b = np.random.default_rng(2).standard_normal((2, 8, 64)).astype(np.float32)[0], np.random.default_rng(3).standard_normal((64, 32)).astype(np.float32)
+    np.testing.assert_allclose(loaded_with(pool, tmp_path / "dyn.pkb", store).kernel("gemm")(a, b), a @ b, rtol=1e-5, atol=1e-4)
 
 
 # --- the pool itself --------------------------------------------------------------

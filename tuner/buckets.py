@@ -17,7 +17,6 @@ from typing import Any, Callable, Mapping, Sequence
 from portkern.errors import ArgumentShapeError, PortkernError, TuningError
 from portkern.jit.buckets import BucketRecord, index_problem, read_index, specialised_bundle
 from portkern.portable.bundle import KernelRecord
-from portkern.portable.compiler import Compiler
 from portkern.tuner.measure import Bench, make_inputs
 
 #: One shape to tune for: one shape per argument, or argument name/index -> shape.
@@ -102,14 +101,13 @@ def tune_shapes(
     index_key = index_problem(problem)
     stored = read_index(loaded.store.get_tuning(index_key, target.fingerprint, compiler))
     results = []
-    parser = Compiler()
     for values in wanted:
         label = contract.bucket_of(values)
         known = stored.get(label)
         if known is not None and dict(known.values) == values and not retune:
             results.append(BucketResult(record.name, label, values, known.code, known.config, known.default_s, known.best_s, known.note))
             continue
-        decided, result = _tune_bucket(loaded, record, target, strategy, values, label, parser, tune, retune, min_gain, options)
+        decided, result = _tune_bucket(loaded, record, target, strategy, values, label, tune, retune, min_gain, options)
         stored[label] = decided
         results.append(result)
     loaded.store.put_tuning(
@@ -118,9 +116,9 @@ def tune_shapes(
     return results
 
 
-def _tune_bucket(loaded, record, target, strategy, values, label, parser, tune, retune, min_gain, options) -> tuple[BucketRecord, BucketResult]:
+def _tune_bucket(loaded, record, target, strategy, values, label, tune, retune, min_gain, options) -> tuple[BucketRecord, BucketResult]:
     try:
-        bundle, special = specialised_bundle(loaded.bundle, record, values, parser)
+        bundle, special = specialised_bundle(loaded.bundle, record, values, loaded.pool)
     except PortkernError as exc:
         raise TuningError(f"{record.name!r}: cannot specialise for {label}: {exc}") from None
     derived = type(loaded)(bundle, loaded.path, loaded.store)
