@@ -16,6 +16,14 @@ def message_lines(text: object) -> list[str]:
     return [line.strip() for line in str(text).splitlines() if line.strip()]
 
 
+class UsageError(PortkernError):
+    """The command line does not match what the command accepts."""
+
+    def __init__(self, message: str, usage: str = "") -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
 # --- build host -------------------------------------------------------------
 
 

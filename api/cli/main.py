@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import warnings
 
 from portkern import __version__
-from portkern.cli.common import emit
-from portkern.errors import PortkernError
+from portkern.cli.common import Parser, emit, fail, quiet_broken_pipe
+from portkern.errors import PortkernError, UsageError
 
 #: Modules that each add one or more subcommands with `register(subparsers)`.
 COMMANDS = (
@@ -25,7 +24,7 @@ COMMANDS = (
 
 
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(
+    root = Parser(
         prog="portkern",
         description="Build portable kernel bundles; finalise, tune, cache and run them on this machine.",
     )
@@ -41,16 +40,20 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser().parse_args(argv)
+    except UsageError as exc:
+        return fail(exc, "--json" in argv)
     warnings.showwarning = _show_warning
     try:
-        return emit(args.handler(args), getattr(args, "json", False))
+        status = emit(args.handler(args), getattr(args, "json", False))
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except PortkernError as exc:
-        message = " ".join(str(exc).split())
-        if getattr(args, "json", False):
-            print(json.dumps({"error": type(exc).__name__, "message": message}))
-        print(f"portkern: error: {message}", file=sys.stderr)
-        return 1
+        return fail(exc, getattr(args, "json", False))
     except KeyboardInterrupt:
         print("portkern: interrupted", file=sys.stderr)
         return 130
