@@ -16,14 +16,6 @@ def message_lines(text: object) -> list[str]:
     return [line.strip() for line in str(text).splitlines() if line.strip()]
 
 
-class UsageError(PortkernError):
-    """The command line does not match what the command accepts."""
-
-    def __init__(self, message: str, usage: str = "") -> None:
-        super().__init__(message)
-        self.usage = usage
-
-
 # --- build host -------------------------------------------------------------
 
 
@@ -113,6 +105,10 @@ class KernelRuntimeError(PortkernError):
 
 
 # --- cache and tuning -------------------------------------------------------
+
+
+class UsageError(PortkernError):
+    """A command line the `portkern` command does not accept."""
 
 
 class CacheError(PortkernError):

@@ -88,21 +88,11 @@ def store_from(args: argparse.Namespace):
     return Store(from_env(getattr(args, "cache_dir", None)))
 
 
-class Parser(argparse.ArgumentParser):
-    """An argument parser whose errors are `UsageError`s, so `main` reports them like every other
-    error (one line on stderr, and JSON on stdout under `--json`)."""
-
-    def error(self, message: str):
-        raise UsageError(message, self.format_usage())
-
-
 def fail(exc: PortkernError, as_json: bool) -> int:
     """Report an error: JSON on stdout under `--json`, one line on stderr; the exit status."""
     message = " ".join(str(exc).split())
     if as_json:
         print(json.dumps({"error": type(exc).__name__, "message": message}))
-    if isinstance(exc, UsageError):
-        sys.stderr.write(exc.usage)
     print(f"portkern: error: {message}", file=sys.stderr)
     return 2 if isinstance(exc, UsageError) else 1
 

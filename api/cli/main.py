@@ -8,7 +8,7 @@ import sys
 import warnings
 
 from portkern import __version__
-from portkern.cli.common import Parser, emit, fail, quiet_broken_pipe
+from portkern.cli.common import emit, fail, quiet_broken_pipe
 from portkern.errors import PortkernError, UsageError
 
 #: Modules that each add one or more subcommands with `register(subparsers)`.
@@ -21,6 +21,13 @@ COMMANDS = (
     "portkern.cli.finalize",
     "portkern.cli.tune",
 )
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad command line raised as UsageError (so `--json` can report it)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
 def parser() -> argparse.ArgumentParser:
