@@ -64,10 +64,11 @@ def entries_table(title: str, entries: list):
     """The `cache ls` table of cache entries."""
     now = time.time()
     rows = [
-        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now), e.hits]
+        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now),
+         human_age(e.last_used, now), e.hits]
         for e in entries
     ]
-    return table(title, ["key", "kernel", "bundle", "device", "config", "size", "age", "hits"], rows)
+    return table(title, ["key", "kernel", "bundle", "device", "config", "size", "age", "used", "hits"], rows)
 
 
 def run_ls(args: argparse.Namespace) -> Report:
