@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from portkern.errors import PortkernError, UsageError
+from portkern.errors import PortkernError, UsageError, message_lines
 
 #: Exit status of a command whose output pipe closed early (as for a process ended by SIGPIPE).
 BROKEN_PIPE_STATUS = 141
@@ -27,12 +27,18 @@ class Report:
     status: int = 0
 
 
+#: Width of output that is not a terminal (a pipe, a file, a test): wide enough that no
+#: table column folds and no line wraps inside a figure.
+UNWRAPPED_WIDTH = 1000
+
+
 def console(stderr: bool = False):
+    """A rich console; when not writing to a terminal, one that never wraps or folds."""
     from rich.console import Console
 
     out = Console(stderr=stderr, highlight=False)
     if not out.is_terminal:
-        out = Console(stderr=stderr, highlight=False, width=160)
+        out = Console(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH, soft_wrap=True)
     return out
 
 
@@ -48,7 +54,7 @@ def emit(report: Report, as_json: bool) -> int:
 def table(title: str | None, columns: list[str], rows: list[list[Any]]):
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=title, title_justify="left", header_style="bold", min_width=len(title) if title else None)
     for name in columns:
         t.add_column(name, overflow="fold")
     for row in rows:
@@ -90,7 +96,7 @@ def store_from(args: argparse.Namespace):
 
 def fail(exc: PortkernError, as_json: bool) -> int:
     """Report an error: JSON on stdout under `--json`, one line on stderr; the exit status."""
-    message = " ".join(str(exc).split())
+    message = " ".join(message_lines(exc))
     if as_json:
         print(json.dumps({"error": type(exc).__name__, "message": message}))
     print(f"portkern: error: {message}", file=sys.stderr)
