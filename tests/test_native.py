@@ -145,12 +145,13 @@ func.func @main(%a: tensor<?x64xf32>, %b: tensor<64x32xf32>) -> tensor<?x32xf32>
 """
 
 
-def test_shape_buckets_are_specialised_in_a_worker_not_here(tmp_path, store, pool, no_parsing_here):
+def test_shape_buckets_are_specialised_in_a_worker_not_here(tmp_path, store, pool, request):
     from portkern.tuner.session import Tuner, tune_kernel_shapes
 
     (tmp_path / "gemm.mlir").write_text(DYNAMIC_GEMM)
     (tmp_path / "manifest.yaml").write_text("bundle: dyn\nkernels:\n  - name: gemm\n    source: gemm.mlir\n")
     build_file(tmp_path / "manifest.yaml", tmp_path / "dyn.pkb")
+    request.getfixturevalue("no_parsing_here")  # from here on (the build host parses its own sources)
     bundle = loaded_with(pool, tmp_path / "dyn.pkb", store)
     record, target = bundle.record("gemm"), devices.resolve("cpu", store)
     with Tuner(workers=1) as tuner:
