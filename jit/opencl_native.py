@@ -74,12 +74,31 @@ def select_variant(name: str, launch: Launch, target: Target) -> Variant:
 
 
 def plan(blobs: Mapping[str, bytes], record: KernelRecord, target: Target) -> Plan:
-    """The build plan (`blobs`: the bundle's blobs by name); DeviceError if the device lacks
-    what the kernel needs."""
+    """The build plan (`blobs`: the bundle's blobs by name), from the launch description and the
+    SPIR-V header alone (the module itself is read in a worker, by `build`); DeviceError if the
+    device takes neither the SPIR-V version nor SPIR 1.2."""
     launch = launch_of(record)
     variant = select_variant(record.name, launch, target)
     stages = {record.stages[i].format: record.stages[i] for i in variant.stages}
-    module = _module(blobs[stages["spirv"].blob], record.name)
+    try:
+        version = spirv.header_version(blobs[stages["spirv"].blob])
+    except CompileError as exc:
+        raise FinalizeError(f"kernel {record.name!r}: its SPIR-V stage is unreadable: {exc}") from None
+    fp = target.fingerprint
+    il = [tuple(map(int, v.split("."))) for v in fp.property("il_versions").split(",") if v]
+    if any(have >= version for have in il):
+        return Plan(launch, variant, stages["spirv"], ())
+    if fp.property("spir") and "spir-bitcode" in stages:
+        return Plan(launch, variant, stages["spir-bitcode"], opencl.SPIR_OPTIONS)
+    takes = f"SPIR-V {', '.join(fp.property('il_versions').split(','))}" if il else "no SPIR-V IL"
+    raise DeviceError(
+        f"kernel {record.name!r} is SPIR-V {version[0]}.{version[1]}; {target.label} takes {takes}"
+        + ("" if fp.property("spir") else " and no SPIR 1.2")
+    )
+
+
+def check_device(module: spirv.Module, name: str, target: Target) -> None:
+    """DeviceError if the kernel uses what the device does not support."""
     fp = target.fingerprint
     extensions = fp.features.split(",")
     for needed, have, what in (
@@ -88,17 +107,7 @@ def plan(blobs: Mapping[str, bytes], record: KernelRecord, target: Target) -> Pl
         (module.needs_fp16, "cl_khr_fp16" in extensions, "half precision (cl_khr_fp16)"),
     ):
         if needed and not have:
-            raise DeviceError(f"kernel {record.name!r} uses {what}, which {target.label} does not support")
-    il = [tuple(map(int, v.split("."))) for v in fp.property("il_versions").split(",") if v]
-    if any(version >= module.version for version in il):
-        return Plan(launch, variant, stages["spirv"], ())
-    if fp.property("spir") and "spir-bitcode" in stages:
-        return Plan(launch, variant, stages["spir-bitcode"], opencl.SPIR_OPTIONS)
-    takes = f"SPIR-V {', '.join(fp.property('il_versions').split(','))}" if il else "no SPIR-V IL"
-    raise DeviceError(
-        f"kernel {record.name!r} is SPIR-V {module.version_text}; {target.label} takes {takes}"
-        + ("" if fp.property("spir") else " and no SPIR 1.2")
-    )
+            raise DeviceError(f"kernel {name!r} uses {what}, which {target.label} does not support")
 
 
 def build(record: KernelRecord, blobs: Mapping[str, bytes], target: Target) -> bytes:
@@ -106,6 +115,8 @@ def build(record: KernelRecord, blobs: Mapping[str, bytes], target: Target) -> b
     the driver reads the bundle's SPIR-V or SPIR here)."""
     cl = opencl.pyopencl()
     chosen = plan(blobs, record, target)
+    spirv_stage = next(record.stages[i] for i in chosen.variant.stages if record.stages[i].format == "spirv")
+    check_device(_module(blobs[spirv_stage.blob], record.name), record.name, target)
     ctx, _ = opencl.context(target)
     dev = opencl.device(target)
     data = blobs[chosen.stage.blob]

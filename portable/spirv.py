@@ -91,6 +91,18 @@ class Module:
         return f"{self.version[0]}.{self.version[1]}"
 
 
+def header_version(data: bytes) -> tuple[int, int]:
+    """The SPIR-V version in a module's header, read from its first two words only;
+    CompileError if they are not a SPIR-V header."""
+    if len(data) < 20 or len(data) % 4 or len(data) > MAX_MODULE_BYTES:
+        raise CompileError(f"not a SPIR-V module of a size this reader takes ({len(data)} bytes)")
+    order = "<" if struct.unpack_from("<I", data)[0] == MAGIC else ">"
+    magic, word = struct.unpack_from(f"{order}2I", data)
+    if magic != MAGIC:
+        raise CompileError("not a SPIR-V module (bad magic number)")
+    return (word >> 16) & 0xFF, (word >> 8) & 0xFF
+
+
 def read(data: bytes) -> Module:
     """Read a SPIR-V binary (either byte order); CompileError if it is not well-formed."""
     if len(data) > MAX_MODULE_BYTES:

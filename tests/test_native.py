@@ -22,6 +22,7 @@ from portkern.portable.compiler import Compiler
 
 from fuzzing import slow_module
 from helpers import assert_matches
+from test_shape_buckets import GEMM_RELU
 
 EXAMPLE_KERNELS = ("gemm_bias_relu", "gemm_glu", "gemm_rowsum", "gemm_transpose_add", "mlp")
 GOOD = "0=cpu:v1:64x64x0,8x32x0,0x0x4"
@@ -132,23 +133,10 @@ def test_errors_keep_their_type_through_the_worker(examples_bundle, store, pool)
         bundle.native(bundle.record("gemm_bias_relu"), devices.resolve("cpu", store), "0=amdgpu:v1:64x128x0,2x4x0,0x0x16,none,256x1x1,64,2,0")
 
 
-DYNAMIC_GEMM = """
-func.func @main(%a: tensor<?x64xf32>, %b: tensor<64x32xf32>) -> tensor<?x32xf32> {
-  %c0 = arith.constant 0 : index
-  %m = tensor.dim %a, %c0 : tensor<?x64xf32>
-  %e = tensor.empty(%m) : tensor<?x32xf32>
-  %z = arith.constant 0.0 : f32
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<?x32xf32>) -> tensor<?x32xf32>
-  %r = linalg.matmul ins(%a, %b : tensor<?x64xf32>, tensor<64x32xf32>) outs(%f : tensor<?x32xf32>) -> tensor<?x32xf32>
-  return %r : tensor<?x32xf32>
-}
-"""
-
-
 def test_shape_buckets_are_specialised_in_a_worker_not_here(tmp_path, store, pool, request):
     from portkern.tuner.session import Tuner, tune_kernel_shapes
 
-    (tmp_path / "gemm.mlir").write_text(DYNAMIC_GEMM)
+    (tmp_path / "gemm.mlir").write_text(GEMM_RELU)
     (tmp_path / "manifest.yaml").write_text("bundle: dyn\nkernels:\n  - name: gemm\n    source: gemm.mlir\n")
     build_file(tmp_path / "manifest.yaml", tmp_path / "dyn.pkb")
     request.getfixturevalue("no_parsing_here")  # from here on (the build host parses its own sources)
@@ -158,7 +146,24 @@ def test_shape_buckets_are_specialised_in_a_worker_not_here(tmp_path, store, poo
         (found,) = tune_kernel_shapes(bundle, record, target, "quick", [[(8, 64), (64, 32)]], tuner=tuner, budget=1, min_gain=float("-inf"))
     assert found.code == "specialised"
     a, b = np.random.default_rng(2).standard_normal((2, 8, 64)).astype(np.float32)[0], np.random.default_rng(3).standard_normal((64, 32)).astype(np.float32)
-    np.testing.assert_allclose(loaded_with(pool, tmp_path / "dyn.pkb", store).kernel("gemm")(a, b), a @ b, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(loaded_with(pool, tmp_path / "dyn.pkb", store).kernel("gemm")(a, b), np.maximum(a @ b, 0), rtol=1e-5, atol=1e-4)
+
+
+def test_opencl_programs_are_built_in_a_worker_not_here(opencl_examples_bundle, store, pool, rng, monkeypatch):
+    from helpers import opencl_device_missing
+
+    from portkern.portable import spirv
+
+    if opencl_device_missing():
+        pytest.skip(opencl_device_missing())
+
+    def refuse(data):
+        raise AssertionError("a SPIR-V module was read in the calling process")
+
+    monkeypatch.setattr(spirv, "read", refuse)
+    kernel = loaded_with(pool, opencl_examples_bundle, store).kernel("vadd", device="opencl")
+    assert kernel.origin == "finalized"
+    check_kernel(kernel, "vadd", rng)
 
 
 # --- the pool itself --------------------------------------------------------------
