@@ -9,6 +9,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+#: Version of the `--json` output of `build`, `finalize`, `run` and `tune` (its `json_format` field);
+#: raised when a field changes meaning or goes away.
+JSON_FORMAT = 1
+
 #: A command's result: plain data for `--json`, and how to show it to a person.
 Render = Callable[["Console"], None]  # noqa: F821 - rich's Console, imported lazily
 
