@@ -42,12 +42,11 @@ from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices
 from portkern.portable.builder import build_file
-from portkern.tuner import dispatch
 from portkern.tuner.kernel_config import KernelConfig
 from portkern.tuner.measure import Bench, time_calls
 from portkern.jit.workers import Job, Pool, cores
+from portkern.tuner.registry import dispatch_from_data, space_for
 from portkern.tuner.session import Tuner
-from portkern.tuner.space import space_for
 
 STRATEGIES = ("quick", "full", "guided", "random")
 ROUNDS = 7
@@ -99,7 +98,7 @@ def compile_speedup(bundle, target) -> dict[str, float]:
     """Wall time to compile gemm_bias_relu's stage-1 candidates with 1 and with 2 workers."""
     record = bundle.record("gemm_bias_relu")
     plan = bundle.plan(record, target)
-    (found,) = [dispatch.Dispatch.from_dict(d) for d in bundle.analyse(plan).dispatches]
+    (found,) = [dispatch_from_data(d) for d in bundle.analyse(plan).dispatches]
     configs = [str(KernelConfig.of({0: c})) for c in space_for(found, cores()).stage_candidates(0, [])]
     source = bundle.source(plan)
     walls = {}

@@ -125,7 +125,7 @@ def _target(message: dict):
 
 def _compile(state: _State, job: dict) -> dict:
     from portkern.jit import finalize
-    from portkern.tuner import dispatch, kernel_config
+    from portkern.tuner import analysis, kernel_config
 
     target, source, name = _target(job["target"]), job["source"], job["name"]
     config = kernel_config.parse(job["config"])
@@ -137,7 +137,7 @@ def _compile(state: _State, job: dict) -> dict:
         return {"native": native, "setup_s": setup - start, "stamp_s": 0.0, "compile_s": time.perf_counter() - setup}
     configured = state.at_configurations(target, source, name)
     setup = time.perf_counter()
-    stamped = dispatch.stamp(configured, config, finalize.compiler_for(target).context)
+    stamped = analysis.stamp(configured, config, finalize.compiler_for(target).context)
     stamped_at = time.perf_counter()
     native = finalize.finish(target, stamped, finalize.CONFIGURED_PHASE, name)
     return {"native": native, "setup_s": setup - start, "stamp_s": stamped_at - setup, "compile_s": time.perf_counter() - stamped_at}
@@ -145,12 +145,12 @@ def _compile(state: _State, job: dict) -> dict:
 
 def _analyse(state: _State, job: dict) -> dict:
     from portkern.portable.compiler import bytecode
-    from portkern.tuner import dispatch
+    from portkern.tuner import analysis
 
     target, name = _target(job["target"]), job["name"]
     start = time.perf_counter()
     configured = state.at_configurations(target, job["source"], name)
-    found = dispatch.dispatches(configured)
+    found = analysis.dispatches(configured)
     return {"configured": bytecode(configured), "dispatches": [d.to_dict() for d in found], "setup_s": time.perf_counter() - start}
 
 

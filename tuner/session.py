@@ -18,14 +18,14 @@ import time
 from typing import Callable
 
 from portkern.cache.keys import tuning_key
-from portkern.errors import PerfConfigError, TuningError
+from portkern.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError
 from portkern.jit.finalize import CONFIGURED_PHASE
 from portkern.jit.native import NativeCode, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
 from portkern.jit.toolchain import toolchain_for
 from portkern.jit.workers import Pool, Source, cores, shared_pool
 from portkern.portable.bundle import KernelRecord
-from portkern.tuner import kernel_config, perfconfig, strategies
+from portkern.tuner import kernel_config, perfconfig, registry, strategies
 from portkern.tuner.buckets import tune_shapes
 from portkern.tuner.db import TuningDB, result_from_selection, satisfies
 from portkern.tuner.dispatch import Dispatch
@@ -34,7 +34,6 @@ from portkern.tuner.kernel_config import DEFAULT, KernelConfig
 from portkern.tuner.measure import ROUNDS
 from portkern.tuner.results import DispatchResult, TuneResult
 from portkern.tuner.search import Budget, Progress, Search
-from portkern.tuner.space import space_for
 
 #: A winner must be this much faster than the default (relative), beyond timing noise.
 MIN_GAIN = 0.03
@@ -85,20 +84,23 @@ class Tuner:
         if not toolchain_for(record).tunable:
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=f"{record.kind} kernels are not tuned")
         check_toolchain(record, target)
+        db = TuningDB(natives.store, compiler_id(record))
+        problem = selection_problem(record, target)
         if module.LEVEL == 0:
-            return TuneResult(record.name, target.label, strategy, DEFAULT, "default")
+            result = TuneResult(record.name, target.label, strategy, DEFAULT, "default", note="the compiler's default, stored as the kernel's selection")
+            db.put_selection(problem, target, natives.bundle.name, result)
+            return result
         dynamic = _dynamic_dimension(record)
         if dynamic:
             note = f"{dynamic} is dynamic: the dynamic default runs; tune per shape bucket with shapes=[...] (portkern tune --shapes)"
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=note)
-        db = TuningDB(natives.store, compiler_id(record))
-        problem = selection_problem(record, target)
+        limited = budget is not None or time_limit is not None
         stored = None if retune else db.selection(problem, target)
-        if satisfies(stored, strategy) and _valid(stored["config"]):
+        if satisfies(stored, strategy, limited) and _valid(stored["config"]):
             return result_from_selection(stored, record.name, target.label)
         with self._busy, natives.store.lock(tuning_key(problem, target.fingerprint, db.compiler)):
             stored = None if retune else db.selection(problem, target)
-            if satisfies(stored, strategy) and _valid(stored["config"]):
+            if satisfies(stored, strategy, limited) and _valid(stored["config"]):
                 return result_from_selection(stored, record.name, target.label)
             run = _Run(self, natives, record, target, module, db, budget, time_limit, retune, progress)
             result = run.execute()
@@ -134,13 +136,16 @@ class _Run:
                  budget: int | None, time_limit: float | None, retune: bool, progress) -> None:
         self.natives, self.record, self.target, self.module, self.db = natives, record, target, module, db
         self.budget = budget if budget is not None else module.BUDGET.evaluations
+        #: A request with its own budget or time limit: incomplete stored results of its strategy answer it.
+        self.limited = budget is not None or time_limit is not None
+        self.user_budget = budget is not None
         self.deadline = time.perf_counter() + time_limit if time_limit else None
         self.retune = retune
         self.progress = progress
         # a worker configures the module (fitted to the target); the others only stamp and finish it
-        analysis = natives.analyse(natives.plan(record, target))
-        self.found = [Dispatch.from_dict(d) for d in analysis.dispatches]
-        code = analysis.configured
+        analysed = natives.analyse(natives.plan(record, target))
+        self.found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
+        code = analysed.configured
         source = Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE)
         self.evaluator = Evaluator(tuner.pool, target, record.name, source, record.entry, record.signature, target.driver)
 
@@ -154,7 +159,7 @@ class _Run:
             if d.index not in chosen:
                 continue
             stored = None if self.retune else self.db.dispatch(d, self.target)
-            config = _stored_config(stored, d, self.module.NAME)
+            config = _stored_config(stored, d, self.module.NAME, self.limited)
             if config is False:
                 to_search.append(d)
                 continue
@@ -164,7 +169,10 @@ class _Run:
             return TuneResult(self.record.name, self.target.label, self.module.NAME, DEFAULT, "default", list(results.values()))
         searched = False
         for position, d in enumerate(to_search):
-            results[d.index], config = self._search(d, base, len(to_search) - position)
+            try:
+                results[d.index], config = self._search(d, base, len(to_search) - position)
+            except PortkernError as exc:
+                raise DispatchTuningError(self.record.name, d.label, f"{type(exc).__name__}: {exc}") from exc
             base = base.with_dispatch(d.index, config)
             searched = searched or results[d.index].source == "search"
         try:
@@ -178,11 +186,11 @@ class _Run:
         if self.deadline is not None:
             seconds = (self.deadline - time.perf_counter()) / left
             if seconds <= 0:
-                result.source, result.note = "skipped", "time limit reached"
+                result.source, result.note, result.complete = "skipped", "time limit reached before this dispatch", False
                 return result, None
-        space = space_for(d, cores())
+        space = registry.space_for(d, cores())
         if space is None:
-            result.source, result.note = "skipped", f"no search space for {d.family or 'this target'}"
+            result.source, result.note = "skipped", registry.no_space_reason(d)
             return result, None
         search = Search(self.evaluator, space, base, d.index, Budget(self.budget, seconds), self.record.name, self.progress)
         started = time.perf_counter()
@@ -190,6 +198,14 @@ class _Run:
         config, timings = self._decide(search)
         counts = search.counts()
         result.evaluated, result.failed, result.wrong, result.duplicates = (counts[k] for k in ("evaluated", "failed", "wrong", "duplicates"))
+        stopped = search.stopped_by()
+        if stopped == "time limit" or stopped == "budget" and self.user_budget:
+            result.complete = False
+            result.note = f"stopped by the {stopped} after {result.evaluated} candidates: incomplete"
+        elif not result.evaluated:
+            result.note = f"the {self.module.NAME} strategy has no candidate besides the compiler's default in this dispatch's space"
+        elif result.evaluated == result.failed + result.wrong + result.duplicates:
+            result.note = "no candidate compiled, checked and timed: the default stays"
         result.default_s, result.best_s = timings
         result.config = perfconfig.to_string(config) if config is not None else DEFAULT
         result.wall_s = time.perf_counter() - started
@@ -239,14 +255,14 @@ class _Run:
         return result
 
 
-def _stored_config(stored: dict | None, d: Dispatch, strategy: str):
+def _stored_config(stored: dict | None, d: Dispatch, strategy: str, limited: bool):
     """A stored dispatch result's config (None: the default), or False when it does not answer."""
-    if not satisfies(stored, strategy):
+    if not satisfies(stored, strategy, limited):
         return False
     if stored["config"] == DEFAULT:
         return None
     try:
-        config = perfconfig.parse(stored["config"], family=d.family)
+        config = registry.parse(stored["config"], d.family)
     except PerfConfigError:
         return False
     return config if config.rank == len(d.sizes) else False
