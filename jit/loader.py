@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from portkern import schemas
+from portkern import schemas, signing
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
 from portkern.cache.store import CacheWarning, Entry, Store, default_store
@@ -19,7 +19,7 @@ from portkern.jit import devices
 from portkern.jit.args import check_arguments
 from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
-from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, read_bundle
+from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, decode_file, read_bundle_bytes
 from portkern.portable.launch import launch_of
 from portkern.jit.toolchain import OPENCL, toolchain_for
 from portkern.portable.producer import check_release
@@ -54,7 +54,9 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
         seen.append(store.get_record("v", validated_key(digest, schema)) is not None)
         return seen[-1]
 
-    bundle = read_bundle(path, validated)
+    data = read_bundle_bytes(path)
+    bundle = decode_file(path, data, validated)
+    check_signature(bundle, Path(path), data)
     for record in bundle.kernels:
         if toolchain_for(record) is OPENCL:
             launch_of(record)
@@ -64,6 +66,15 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     if not any(seen):
         store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
     return LoadedBundle(bundle, Path(path), store)
+
+
+def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
+    """Under `PORTKERN_REQUIRE_SIGNATURE`, refuse a bundle that carries prebuilt native code
+    unless `data` (its bytes as read) is signed by a trusted key."""
+    policy = signing.from_env()
+    if policy.required and any(record.native for record in bundle.kernels):
+        verdict = signing.verify_file(path, policy.trusted, data)
+        signing.require_trusted(verdict, f"{path}: refused (it carries prebuilt native code and {signing.REQUIRE_ENV}=1)")
 
 
 def check_toolchain(record: KernelRecord, target: Target) -> None:

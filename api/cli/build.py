@@ -17,6 +17,12 @@ def register(sub) -> None:
         metavar="TARGETS",
         help="also store native code for these comma-separated targets, e.g. gfx942,cuda:sm_90,cpu:znver4",
     )
+    build.add_argument(
+        "--sign",
+        metavar="KEY",
+        type=Path,
+        help="sign the bundle with this private key (writes BUNDLE.sig, OpenSSF Model Signing format)",
+    )
     add_json(build)
     build.set_defaults(handler=run_build)
 
@@ -35,6 +41,10 @@ def run_build(args: argparse.Namespace) -> Report:
 
             console(stderr=True).print(text)
 
+    if args.sign is not None:
+        from portkern.signing import check_signing_key
+
+        check_signing_key(args.sign)  # a bad key fails before the build
     finish = None
     if args.prebuild:
         from portkern.jit.devices import resolve, split
@@ -46,6 +56,10 @@ def run_build(args: argparse.Namespace) -> Report:
             return prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
 
     bundle = build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
+    if args.sign is not None:
+        from portkern.signing import sign_file
+
+        sign_file(args.output, args.sign)
     report = describe(bundle, args.output)
     report.data["written"] = str(args.output)
     return report
@@ -58,8 +72,11 @@ def run_inspect(args: argparse.Namespace) -> Report:
 
 
 def describe(bundle, path: Path) -> Report:
-    """A bundle's kernels, stages, native slices, producers and digest."""
+    """A bundle's kernels, stages, native slices, producers, digest and signature."""
+    from portkern.signing import from_env, verify_file
+
     size = path.stat().st_size if path.exists() else None
+    verdict = verify_file(path, from_env().trusted)
     data = {
         "path": str(path),
         "name": bundle.name,
@@ -79,11 +96,13 @@ def describe(bundle, path: Path) -> Report:
             }
             for k in bundle.kernels
         ],
+        "signature": verdict.to_dict(),
     }
 
     def render(out):
         out.print(f"[bold]{bundle.name}[/bold]  {path}  ({human_size(size or 0)}, format {data['format_version']})")
         out.print(f"digest sha256:{bundle.digest}")
+        out.print(f"signature: {verdict.describe()}")
         rows = []
         for k in bundle.kernels:
             stages = ", ".join(

@@ -21,6 +21,7 @@ COMMANDS = (
     "portkern.cli.demo",
     "portkern.cli.finalize",
     "portkern.cli.tune",
+    "portkern.cli.keys",
 )
 
 
