@@ -30,6 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from portkern.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError
+from portkern.framing import read_bounded
 
 #: Suffix of a detached signature file.
 SIGNATURE_SUFFIX = ".sig"
@@ -112,15 +113,6 @@ def _model_signing():
     return model_signing
 
 
-def _read_bounded(path: Path, limit: int, what: str, error: type[SignatureError]) -> bytes:
-    try:
-        if path.stat().st_size > limit:
-            raise error(f"{path}: {what} larger than {limit} bytes")
-        return path.read_bytes()
-    except OSError as exc:
-        raise error(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-
-
 # --- keys --------------------------------------------------------------------
 
 
@@ -153,7 +145,7 @@ def check_signing_key(path: str | Path) -> Path:
     """The path of a usable private signing key (EC P-256 PEM), or a `KeyFileError`."""
     serialization, ec = _crypto()
     path = Path(path)
-    data = _read_bounded(path, MAX_KEY_FILE_BYTES, "signing key", KeyFileError)
+    data = read_bounded(path, MAX_KEY_FILE_BYTES, "signing key", KeyFileError)
     try:
         key = serialization.load_pem_private_key(data, None)
     except (ValueError, TypeError) as exc:
@@ -173,7 +165,7 @@ def read_trusted_keys(path: str | Path) -> tuple[TrustedKey, ...]:
     """The public keys in a trusted-keys file (one or more PEM blocks)."""
     serialization, ec = _crypto()
     path = Path(path)
-    data = _read_bounded(path, MAX_KEY_FILE_BYTES, "trusted keys file", KeyFileError)
+    data = read_bounded(path, MAX_KEY_FILE_BYTES, "trusted keys file", KeyFileError)
     keys, previous_end = [], 0
     for i, match in enumerate(_PEM_BLOCK.finditer(data)):
         try:
@@ -260,17 +252,15 @@ def sign_value(name: str, data: bytes, key: str | Path) -> bytes:
         return (Path(where) / "sig").read_bytes()
 
 
-def verify_file(path: str | Path, trusted: tuple[TrustedKey, ...], data: bytes | None = None) -> Verdict:
-    """Check `FILE.sig` against the trusted keys; `data` (the file's bytes as already read)
-    is what gets verified when given, so a file swapped after reading cannot pass."""
+def verify_file(path: str | Path, data: bytes, trusted: tuple[TrustedKey, ...]) -> Verdict:
+    """Check `FILE.sig` over `data`, the file's bytes as the caller read them (so a file
+    swapped after reading cannot pass), against the trusted keys."""
     sig = signature_path(path)
     if not sig.exists():
         return Verdict(False, reason=f"not signed (no {sig.name})")
     try:
-        signature = _read_bounded(sig, MAX_SIGNATURE_BYTES, "signature", SignatureError)
-        if data is None:
-            data = Path(path).read_bytes()
-    except (SignatureError, OSError) as exc:
+        signature = read_bounded(sig, MAX_SIGNATURE_BYTES, "signature", SignatureError)
+    except SignatureError as exc:
         return Verdict(True, reason=str(exc))
     return verify_value(None, data, signature, trusted)
 

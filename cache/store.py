@@ -30,6 +30,11 @@ from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import tuning_key
 
 
+#: Set (to the reason) in a stored tuning result whose config failed to build on its device:
+#: the record stays (an import or the remote tier would bring it back) but is not used again.
+UNUSABLE = "unusable"
+
+
 class CacheWarning(UserWarning):
     """The cache could not be used; kernels still run without it."""
 

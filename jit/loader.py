@@ -13,8 +13,8 @@ import numpy as np
 from portkern import schemas, signing
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
-from portkern.cache.store import CacheWarning, Entry, Store, default_store
-from portkern.errors import DeviceError, KernelRuntimeError, TuningError
+from portkern.cache.store import UNUSABLE, CacheWarning, Entry, Store, default_store
+from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, TuningError
 from portkern.jit import devices
 from portkern.jit.args import check_arguments
 from portkern.jit.codeobject import problem as code_problem
@@ -73,7 +73,7 @@ def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
     unless `data` (its bytes as read) is signed by a trusted key."""
     policy = signing.from_env()
     if policy.required and any(record.native for record in bundle.kernels):
-        verdict = signing.verify_file(path, policy.trusted, data)
+        verdict = signing.verify_file(path, data, policy.trusted)
         signing.require_trusted(verdict, f"{path}: refused (it carries prebuilt native code and {signing.REQUIRE_ENV}=1)")
 
 
@@ -141,7 +141,14 @@ class LoadedBundle:
         if not toolchain_for(record).tunable and tune not in NO_SEARCH:
             raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
         config, tuning = self.config_for(record, target, tune)
-        native = self.native(record, target, config)
+        try:
+            native = self.native(record, target, config)
+        except (FinalizeError, PerfConfigError) as exc:
+            if config == DEFAULT_CONFIG:
+                raise
+            self._set_aside(record, target, config, exc)
+            config, tuning = DEFAULT_CONFIG, None
+            native = self.native(record, target, config)
         if tuning is not None and tuning.source == "search":
             native = replace(native, origin="tuned")
         try:
@@ -161,13 +168,27 @@ class LoadedBundle:
         if tune in NO_SEARCH:
             if tune is None:
                 chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
-                if chosen and isinstance(chosen.get("config"), str):
+                if chosen and isinstance(chosen.get("config"), str) and not chosen.get(UNUSABLE):
                     return chosen["config"], None
             return DEFAULT_CONFIG, None
         from portkern.tuner.session import tune_kernel
 
         result = tune_kernel(self, record, target, strategy=tune)
         return result.config, result
+
+    def _set_aside(self, record: KernelRecord, target: Target, config: str, error: Exception) -> None:
+        """Warn that a stored config does not build, and mark its record so it is not used again."""
+        reason = " ".join(str(error).split())[:300]
+        warnings.warn(
+            f"stored tuning config {config[:80]!r} of {record.name!r} on {target.label} does not build ({reason}); "
+            "using the compiler's default and marking the stored result unusable",
+            CacheWarning,
+            stacklevel=3,
+        )
+        problem, compiler = selection_problem(record, target), compiler_id(record)
+        stored = self.store.get_tuning(problem, target.fingerprint, compiler)
+        if stored is not None and stored.get("config") == config:
+            self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
 
     def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
         stage, identity = self._stage(record, target)

@@ -257,14 +257,7 @@ def read_bundle(path: str | Path, validated: Callable[[str], bool] | None = None
 
 def read_bundle_bytes(path: str | Path) -> bytes:
     """A bundle file's bytes, read once and bounded, not yet checked."""
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BUNDLE_BYTES:
-            raise OversizeFieldError(f"{path}: {size} bytes is larger than the {MAX_BUNDLE_BYTES}-byte bundle limit")
-        return path.read_bytes()
-    except OSError as exc:
-        raise BundleError(f"{path}: cannot read bundle: {exc.strerror or exc}") from None
+    return framing.read_bounded(path, MAX_BUNDLE_BYTES, "bundle", BundleError, OversizeFieldError)
 
 
 def decode_file(path: str | Path, data: bytes, validated: Callable[[str], bool] | None = None) -> Bundle:

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from portkern.cache.keys import problem_key
-from portkern.cache.store import Store
+from portkern.cache.store import UNUSABLE, Store
 from portkern.jit.target import Target
 from portkern.tuner import strategies
 from portkern.tuner.dispatch import Dispatch
@@ -43,6 +43,8 @@ def dispatch_problem(dispatch: Dispatch, target: Target) -> str:
 def satisfies(record: dict[str, Any] | None, strategy: str) -> bool:
     """Whether a stored record answers a request for `strategy`."""
     if not record or not isinstance(record.get("config"), str) or not isinstance(record.get("strategy"), str):
+        return False
+    if record.get(UNUSABLE):
         return False
     return strategies.level(record["strategy"]) >= strategies.level(strategy)
 

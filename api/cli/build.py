@@ -55,28 +55,29 @@ def run_build(args: argparse.Namespace) -> Report:
         def finish(bundle):
             return prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
 
-    bundle = build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
+    build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
     if args.sign is not None:
         from portkern.signing import sign_file
 
         sign_file(args.output, args.sign)
-    report = describe(bundle, args.output)
+    report = describe(args.output)
     report.data["written"] = str(args.output)
     return report
 
 
 def run_inspect(args: argparse.Namespace) -> Report:
-    from portkern.portable.bundle import read_bundle
-
-    return describe(read_bundle(args.bundle), args.bundle)
+    return describe(args.bundle)
 
 
-def describe(bundle, path: Path) -> Report:
+def describe(path: Path) -> Report:
     """A bundle's kernels, stages, native slices, producers, digest and signature."""
+    from portkern.portable.bundle import decode_file, read_bundle_bytes
     from portkern.signing import from_env, verify_file
 
-    size = path.stat().st_size if path.exists() else None
-    verdict = verify_file(path, from_env().trusted)
+    raw = read_bundle_bytes(path)
+    bundle = decode_file(path, raw)
+    size = len(raw)
+    verdict = verify_file(path, raw, from_env().trusted)
     data = {
         "path": str(path),
         "name": bundle.name,
