@@ -107,6 +107,10 @@ class KernelRuntimeError(PortkernError):
 # --- cache and tuning -------------------------------------------------------
 
 
+class UsageError(PortkernError):
+    """A command line the `portkern` command does not accept."""
+
+
 class CacheError(PortkernError):
     """The cache cannot be used as asked (bad key, unreadable export file, ...)."""
 

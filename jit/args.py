@@ -38,7 +38,7 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
             wanted = "x".join("?" if d is None else str(d) for d in spec.shape) or "scalar"
             got = "x".join(map(str, array.shape)) or "scalar"
             raise ArgumentShapeError(f"{kernel}() argument {index} must have shape {wanted}, got {got}")
-        arrays.append(np.ascontiguousarray(array))
+        arrays.append(array if array.flags.c_contiguous else np.array(array, order="C"))
     return arrays
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import threading
+from typing import Iterator
 
 import numpy as np
 
@@ -52,11 +55,15 @@ class Executable:
         return [rt.asdevicearray(self._context.config.device, a) for a in arrays]
 
     def invoke(self, *arrays):
-        """Run on device arrays (from `upload`) or NumPy arrays; results stay on the device."""
-        try:
-            return self._function(*arrays)
-        except (RuntimeError, ValueError) as exc:
-            raise KernelRuntimeError(f"{self.entry}: {exc}") from None
+        """Run on device arrays (from `upload`) or NumPy arrays; results stay on the device.
+
+        A Ctrl-C during the call is raised as KeyboardInterrupt once the call returns.
+        """
+        with interrupts_deferred():
+            try:
+                return self._function(*arrays)
+            except (RuntimeError, ValueError) as exc:
+                raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         results = self.invoke(*arrays)
@@ -64,4 +71,35 @@ class Executable:
             return []
         if not isinstance(results, (tuple, list)):
             results = (results,)
-        return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+        return distinct([np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results])
+
+
+def distinct(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The arrays, each one copied if it shares memory with an earlier one."""
+    out: list[np.ndarray] = []
+    for array in arrays:
+        out.append(array.copy() if any(np.may_share_memory(array, seen) for seen in out) else array)
+    return out
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT while the body runs, then deliver it to the handler that was in place.
+
+    IREE's argument and result conversion runs Python code that turns an
+    interrupt raised inside it into a ValueError; holding the signal keeps an
+    interrupt an interrupt. Only the main thread receives signals, so other
+    threads (and a handler installed outside Python, which could not be put
+    back) run the body as it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)
