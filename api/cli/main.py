@@ -10,7 +10,7 @@ import warnings
 
 from portkern import __version__
 from portkern.cli.common import emit
-from portkern.errors import PortkernError, UsageError
+from portkern.errors import PortkernError, UsageError, message_lines
 
 #: Modules that each add one or more subcommands with `register(subparsers)`.
 COMMANDS = (
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return emit(args.handler(args), getattr(args, "json", False))
     except PortkernError as exc:
-        message = " ".join(str(exc).split())
+        message = " ".join(message_lines(exc))
         if getattr(args, "json", False):
             print(json.dumps({"error": type(exc).__name__, "message": message}))
         print(f"portkern: error: {message}", file=sys.stderr)
