@@ -261,7 +261,7 @@ def verify_file(path: str | Path, data: bytes, trusted: tuple[TrustedKey, ...]) 
     try:
         signature = read_bounded(sig, MAX_SIGNATURE_BYTES, "signature", SignatureError)
     except SignatureError as exc:
-        return Verdict(True, reason=str(exc))
+        return Verdict(True, reason=f"signed, but {exc}")
     return verify_value(None, data, signature, trusted)
 
 
@@ -269,10 +269,10 @@ def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple
     """Check an OMS signature over `data` (as a file called `name`, or as a lone file when
     `name` is None) against the trusted keys. Never raises for a bad signature."""
     if len(signature) > MAX_SIGNATURE_BYTES:
-        return Verdict(True, reason="signature larger than the limit")
+        return Verdict(True, reason="signed, but the signature is larger than the limit")
     hint = _key_hint(signature)
     if hint is None:
-        return Verdict(True, reason="signature is not an OMS signature bundle")
+        return Verdict(True, reason="signed, but the signature is not an OMS signature bundle")
     key = next((k for k in trusted if k.fingerprint == hint), None)
     if key is None:
         return Verdict(True, reason=f"signed by an untrusted key sha256:{hint[:16]} (not in {TRUSTED_KEYS_ENV})")
@@ -292,7 +292,7 @@ def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple
             model_signing.verifying.Config().use_elliptic_key_verifier(public_key=root / "key.pub").verify(model, root / "sig")
         except Exception as exc:  # noqa: BLE001 - the library raises assorted types for bad input
             text = " ".join(str(exc).split()) or type(exc).__name__
-            return Verdict(True, reason=f"signature does not verify ({text[:200]})")
+            return Verdict(True, reason=f"signed, but the signature does not verify ({text[:200]})")
     return Verdict(True, key=key)
 
 

@@ -28,11 +28,17 @@ from typing import Any, Callable, Iterator
 from portkern.cache.config import CacheConfig, from_env
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import tuning_key
+from portkern.cache.remote import RemoteCache
+from portkern.cache.remote import from_env as remote_from_env
 
 
 #: Set (to the reason) in a stored tuning result whose config failed to build on its device:
 #: the record stays (an import or the remote tier would bring it back) but is not used again.
 UNUSABLE = "unusable"
+
+
+#: Counters `stats()` reports: local hits and misses, and native code found or not in the remote tier.
+COUNTERS = ("hits", "misses", "remote_hits", "remote_misses")
 
 
 class CacheWarning(UserWarning):
@@ -75,8 +81,11 @@ class Entry:
 class Store:
     """A cache directory. Methods never raise for cache failures; they warn once."""
 
-    def __init__(self, config: CacheConfig | None = None) -> None:
+    def __init__(self, config: CacheConfig | None = None, remote: RemoteCache | None = None) -> None:
         self.config = config or from_env()
+        #: The fleet's shared tier, if any: tuning results read and write through it here;
+        #: native code goes through it in the loader, which alone publishes what it built.
+        self.remote = remote
         self._cache = None
         self._broken: str | None = None
         if self.config.disabled:
@@ -327,21 +336,38 @@ class Store:
         return bool(self._guard("delete", lambda cache: cache.delete(f"{kind}/{key}"), False))
 
     def get_tuning(self, problem: str, device: DeviceFingerprint, compiler: str) -> dict | None:
-        """The stored tuning result for a problem on a device, if any."""
-        return self.get_record("t", tuning_key(problem, device, compiler))
+        """The stored tuning result for a problem on a device, if any (here, else from the remote tier)."""
+        key = tuning_key(problem, device, compiler)
+        record = self.get_record("t", key)
+        if record is None and self.remote is not None:
+            shared = self.remote.get_tuning(key)
+            if shared is not None and (shared.get("problem"), shared.get("device"), shared.get("compiler")) == (
+                problem, device.to_dict(), compiler
+            ) and not shared.get(UNUSABLE):
+                self.put_record("t", key, shared)
+                record = shared
+        return record
 
     def put_tuning(self, problem: str, device: DeviceFingerprint, compiler: str, result: dict) -> bool:
-        """Store a tuning result together with the parts of its key (so imports can check it)."""
+        """Store a tuning result together with the parts of its key (so imports can check it),
+        and share it through the remote tier."""
         record = {**result, "problem": problem, "device": device.to_dict(), "compiler": compiler}
-        return self.put_record("t", tuning_key(problem, device, compiler), record)
+        stored = self.put_record("t", tuning_key(problem, device, compiler), record)
+        if self.remote is not None and not record.get(UNUSABLE):
+            self.remote.put_tuning(tuning_key(problem, device, compiler), record)
+        return stored
 
     # --- counters and locks -------------------------------------------------
 
     def counters(self) -> dict[str, int]:
         def read(cache):
-            return {name: int(cache.get(f"s/{name}", 0) or 0) for name in ("hits", "misses")}
+            return {name: int(cache.get(f"s/{name}", 0) or 0) for name in COUNTERS}
 
-        return self._guard("read", read, {"hits": 0, "misses": 0})
+        return self._guard("read", read, dict.fromkeys(COUNTERS, 0))
+
+    def count(self, name: str) -> None:
+        """Add one to a counter (`COUNTERS`)."""
+        self._guard("write", lambda cache: cache.incr(f"s/{name}", default=0))
 
     def lock(self, key: str, timeout: float = 900.0):
         """A cross-process lock for building `key`, so concurrent processes build it once."""
@@ -384,6 +410,7 @@ _default: Store | None = None
 def default_store() -> Store:
     """The process-wide store configured from the environment."""
     global _default
-    if _default is None or _default.config != from_env():
-        _default = Store()
+    remote = remote_from_env()
+    if _default is None or _default.config != from_env() or _default.remote is not remote:
+        _default = Store(remote=remote)
     return _default

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -39,7 +40,7 @@ class Native:
     data: bytes
     key: str
     config: str
-    #: "cache", "prebuilt", "finalized", or "tuned" (searched for in this call).
+    #: "cache", "remote" (the fleet's remote tier), "prebuilt", "finalized", or "tuned" (searched for in this call).
     origin: str
     finalize_s: float = 0.0
 
@@ -154,10 +155,12 @@ class LoadedBundle:
         try:
             executable = self._executable(record, target, native)
         except KernelRuntimeError as exc:
-            if native.origin != "cache":
+            if native.origin not in ("cache", "remote"):
                 raise
             warnings.warn(f"cached native code for {name!r} on {target.label} does not load ({exc}); rebuilding it", CacheWarning, stacklevel=2)
             self.store.delete(native.key)
+            if native.origin == "remote":
+                self.store.remote.reject_native(native.key, f"does not load: {exc}")
             native = self.native(record, target, config)
             executable = self._executable(record, target, native)
         return Kernel(record, target, native, executable, tuning)
@@ -206,22 +209,57 @@ class LoadedBundle:
         return toolchain_for(record).stage(self.bundle, record, target)
 
     def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
-        """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
+        """Native code from the cache, the remote tier, the bundle's prebuilt slices, or a fresh
+        finalisation (under a lock per key on this host and, with a remote tier, fleet-wide)."""
         key = self.key(record, target, config).hex
         hit = self._cached(key, target)
         if hit is not None:
             return Native(hit[0], key, config, "cache", hit[1].finalize_s)
+        remote = self.store.remote
         with self.store.lock(key):
             hit = self._cached(key, target, count=False)
             if hit is not None:
                 return Native(hit[0], key, config, "cache", hit[1].finalize_s)
-            prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
-            start = time.perf_counter()
-            data = prebuilt if prebuilt is not None else self._compile(record, target, config)
-            elapsed = time.perf_counter() - start
-            native = Native(data, key, config, "prebuilt" if prebuilt is not None else "finalized", elapsed)
-            self.store.put(key, data, self._entry(record, target, native))
-            return native
+            shared = self._from_remote(record, target, key, config, count=True)
+            if shared is not None:
+                return shared
+            with remote.lock(key) if remote is not None else nullcontext(False) as fleet_wide:
+                shared = self._from_remote(record, target, key, config) if fleet_wide else None
+                if shared is not None:
+                    return shared
+                prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
+                start = time.perf_counter()
+                data = prebuilt if prebuilt is not None else self._compile(record, target, config)
+                elapsed = time.perf_counter() - start
+                native = Native(data, key, config, "prebuilt" if prebuilt is not None else "finalized", elapsed)
+                self.store.put(key, data, self._entry(record, target, native))
+                if prebuilt is None:
+                    self._publish(record, target, native)
+                return native
+
+    def _from_remote(self, record: KernelRecord, target: Target, key: str, config: str, count: bool = False) -> Native | None:
+        """Native code from the remote tier, checked for this device and copied into the local cache."""
+        remote = self.store.remote
+        fetched = remote.get_native(key) if remote is not None else None
+        if fetched is not None:
+            problem = code_problem(fetched.data, target.fingerprint)
+            if problem is not None:
+                remote.reject_native(key, f"not code for {target.label}: {problem}")
+                fetched = None
+        if remote is not None and count:
+            self.store.count("remote_hits" if fetched is not None else "remote_misses")
+        if fetched is None:
+            return None
+        finalize_s = fetched.meta.get("finalize_s", 0.0)
+        native = Native(fetched.data, key, config, "remote", finalize_s)
+        self.store.put(key, fetched.data, self._entry(record, target, native))
+        return native
+
+    def _publish(self, record: KernelRecord, target: Target, native: Native) -> None:
+        """Share native code built here through the remote tier, if there is one."""
+        if self.store.remote is not None:
+            meta = {"config": native.config, "format": toolchain_for(record).format, "finalize_s": native.finalize_s}
+            self.store.remote.put_native(native.key, native.data, meta)
 
     def put_native(
         self, record: KernelRecord, target: Target, config: str, data: bytes, finalize_s: float = 0.0, kernel_time_s: float | None = None
@@ -233,6 +271,7 @@ class LoadedBundle:
         entry = self._entry(record, target, native)
         entry.kernel_time_s = kernel_time_s
         self.store.put(key, data, entry)
+        self._publish(record, target, native)
         return native
 
     def _cached(self, key: str, target: Target, count: bool = True):

@@ -48,6 +48,22 @@ def opencl_examples_bundle(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory) -> Path:
+    """Signing key pairs (EC P-256) in one directory: `trusted` and `other`, both in
+    `trusted-keys.pem` (named "build farm" and "colleague"), and `stranger`, trusted by no one."""
+    pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (model-signing)")
+    from portkern import signing
+
+    where = tmp_path_factory.mktemp("keys")
+    for name in ("trusted", "other", "stranger"):
+        signing.new_key_pair(where / name)
+    (where / "trusted-keys.pem").write_text(
+        "# colleague\n" + (where / "other.pub").read_text() + "# build farm\n" + (where / "trusted.pub").read_text()
+    )
+    return where
+
+
 @pytest.fixture
 def store(tmp_path) -> Store:
     """An empty cache of its own."""

@@ -27,19 +27,6 @@ def run_json(capsys, *argv) -> tuple[int, dict]:
 
 
 @pytest.fixture(scope="module")
-def keys(tmp_path_factory):
-    """Two key pairs: `trusted` (named in the trusted-keys file) and `stranger`."""
-    where = tmp_path_factory.mktemp("keys")
-    signing.new_key_pair(where / "trusted")
-    signing.new_key_pair(where / "stranger")
-    signing.new_key_pair(where / "other")
-    (where / "trusted-keys.pem").write_text(
-        "# colleague\n" + (where / "other.pub").read_text() + "# build farm\n" + (where / "trusted.pub").read_text()
-    )
-    return where
-
-
-@pytest.fixture(scope="module")
 def signed_fat_bundle(gpu_bundle, keys, tmp_path_factory):
     """The GPU example manifest built with prebuilt native code for cpu:haswell, signed by `trusted`."""
     out = tmp_path_factory.mktemp("signed") / "fat.pkb"

@@ -21,18 +21,12 @@ class Report:
     status: int = 0
 
 
-#: Width of output that is not a terminal (a pipe, a file, a test): wide enough that no
-#: table column folds and no line wraps inside a figure.
-UNWRAPPED_WIDTH = 1000
-
-
 def console(stderr: bool = False):
-    """A rich console; when not writing to a terminal, one that never wraps or folds."""
     from rich.console import Console
 
     out = Console(stderr=stderr, highlight=False)
     if not out.is_terminal:
-        out = Console(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH, soft_wrap=True)
+        out = Console(stderr=stderr, highlight=False, width=160)
     return out
 
 
@@ -48,7 +42,7 @@ def emit(report: Report, as_json: bool) -> int:
 def table(title: str | None, columns: list[str], rows: list[list[Any]]):
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", header_style="bold", min_width=len(title) if title else None)
+    t = Table(title=title, title_justify="left", header_style="bold")
     for name in columns:
         t.add_column(name, overflow="fold")
     for row in rows:
@@ -83,6 +77,7 @@ def add_cache_dir(parser: argparse.ArgumentParser) -> None:
 def store_from(args: argparse.Namespace):
     """The cache store the command should use (`--cache-dir` over the environment)."""
     from portkern.cache.config import from_env
+    from portkern.cache.remote import from_env as remote_from_env
     from portkern.cache.store import Store
 
-    return Store(from_env(getattr(args, "cache_dir", None)))
+    return Store(from_env(getattr(args, "cache_dir", None)), remote_from_env())
