@@ -198,6 +198,17 @@ def from_env() -> Policy:
     return Policy(trusted, required, Path(signing_key) if signing_key else None)
 
 
+def key_to_sign_with(choice: str | None) -> Path | None:
+    """The private key a command signs with: `--sign KEY`; for `--sign` alone (`""`) or no
+    `--sign` (None), `PORTKERN_SIGNING_KEY` (None if unset: no signature)."""
+    if choice:
+        return Path(choice)
+    key = os.environ.get(SIGNING_KEY_ENV, "").strip()
+    if choice == "" and not key:
+        raise KeyFileError(f"--sign without a KEY needs {SIGNING_KEY_ENV}")
+    return Path(key) if key else None
+
+
 def _stamp(path: str) -> tuple[int, int]:
     try:
         st = os.stat(path)

@@ -109,3 +109,14 @@ def test_signing_key_from_the_environment_and_stale_signatures(exported, keys, t
     monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
     assert main(["cache", "export", str(copy), "--cache-dir", str(tmp_path / "farm"), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["signed"] == str(signing.signature_path(copy))
+
+
+def test_finalize_export_is_signed_and_imports_where_the_signer_is_trusted(examples_bundle, keys, tmp_path, capsys, monkeypatch):
+    path = tmp_path / "farm.pkcx"
+    argv = ["finalize", str(examples_bundle), "--target", "cpu:haswell", "--kernel", "gemm_rowsum", "--export", str(path),
+            "--sign", str(keys / "trusted.key"), "--cache-dir", str(tmp_path / "farm"), "--json"]
+    assert main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["exported"]["signed"] == str(signing.signature_path(path))
+    monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
+    status, report = import_json(capsys, path, tmp_path / "device")
+    assert status == 0 and report["entries"] == 1 and report["signature"]["key_label"] == "build farm"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from portkern.cli.common import Report, add_json, human_size, table
+from portkern.cli.common import Report, add_json, add_sign, human_size, table
 
 
 def register(sub) -> None:
@@ -17,12 +17,7 @@ def register(sub) -> None:
         metavar="TARGETS",
         help="also store native code for these comma-separated targets, e.g. gfx942,cuda:sm_90,cpu:znver4",
     )
-    build.add_argument(
-        "--sign",
-        metavar="KEY",
-        type=Path,
-        help="sign the bundle with this private key (writes BUNDLE.sig, OpenSSF Model Signing format)",
-    )
+    add_sign(build, "the bundle")
     add_json(build)
     build.set_defaults(handler=run_build)
 
@@ -41,10 +36,11 @@ def run_build(args: argparse.Namespace) -> Report:
 
             console(stderr=True).print(text)
 
-    if args.sign is not None:
-        from portkern.signing import check_signing_key
+    from portkern.signing import check_signing_key, key_to_sign_with, sign_file, signature_path
 
-        check_signing_key(args.sign)  # a bad key fails before the build
+    sign_with = key_to_sign_with(args.sign)
+    if sign_with is not None:
+        check_signing_key(sign_with)  # a bad key fails before the build
     finish = None
     if args.prebuild:
         from portkern.jit.devices import resolve, split
@@ -56,10 +52,10 @@ def run_build(args: argparse.Namespace) -> Report:
             return prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
 
     build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
-    if args.sign is not None:
-        from portkern.signing import sign_file
-
-        sign_file(args.output, args.sign)
+    if sign_with is not None:
+        sign_file(args.output, sign_with)
+    else:
+        signature_path(args.output).unlink(missing_ok=True)  # a signature of an earlier build would not match
     report = describe(args.output)
     report.data["written"] = str(args.output)
     return report

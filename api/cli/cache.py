@@ -7,8 +7,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, human_age, human_size, store_from, table
-from portkern.errors import CacheError, KeyFileError
+from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, human_age, human_size, store_from, table
+from portkern.errors import CacheError
 
 
 def register(sub) -> None:
@@ -36,13 +36,7 @@ def register(sub) -> None:
     export = action("export", "write native code and tuning results to a file", run_export)
     export.add_argument("file", type=Path)
     export.add_argument("--device", help="only this device (label or fingerprint prefix)")
-    export.add_argument(
-        "--sign",
-        nargs="?",
-        const="",
-        metavar="KEY",
-        help="sign the file (FILE.sig) with this private key; without KEY, with $PORTKERN_SIGNING_KEY (which signs exports when set)",
-    )
+    add_sign(export, "the export file")
     imp = action("import", "add an exported file's entries to this cache", run_import)
     imp.add_argument("file", type=Path)
     imp.add_argument(
@@ -152,12 +146,9 @@ def run_clear(args: argparse.Namespace) -> Report:
 def run_export(args: argparse.Namespace) -> Report:
     from portkern.cache.transfer import export
 
-    from portkern.signing import from_env
+    from portkern.signing import key_to_sign_with
 
-    key = args.sign or from_env().signing_key
-    if args.sign == "" and key is None:
-        raise KeyFileError("--sign without a KEY needs PORTKERN_SIGNING_KEY")
-    report = export(store_from(args), args.file, device=args.device, sign_with=key)
+    report = export(store_from(args), args.file, device=args.device, sign_with=key_to_sign_with(args.sign))
     signed = f", signed ({report.signed})" if report.signed else ""
     return Report(report.to_dict(), lambda out: out.print(
         f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}{signed}"))

@@ -70,6 +70,18 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
 
+def add_sign(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--sign [KEY]`: sign the written file (see `portkern.signing.key_to_sign_with`)."""
+    parser.add_argument(
+        "--sign",
+        nargs="?",
+        const="",
+        metavar="KEY",
+        help=f"sign {what} (writes FILE.sig, OpenSSF Model Signing format) with this private key; "
+        "without KEY, and by default when it is set, with $PORTKERN_SIGNING_KEY",
+    )
+
+
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="cache directory (default: $PORTKERN_CACHE_DIR or the user cache dir)")
 
