@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from portkern import framing, signing
-from portkern.cache.config import parse_size
+from portkern.cache.config import CacheWarning, parse_size
 from portkern.errors import CacheError, PortkernError
 
 REMOTE_ENV = "PORTKERN_REMOTE_CACHE"
@@ -49,7 +49,7 @@ RETRY_AFTER_S = 30.0
 NATIVE, TUNING = "a", "t"
 
 
-class RemoteCacheWarning(UserWarning):
+class RemoteCacheWarning(CacheWarning):
     """The remote tier could not be used, or served a value that was dropped; kernels still run."""
 
 

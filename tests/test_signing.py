@@ -3,6 +3,8 @@ loader refusing prebuilt native code that no trusted key signed."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import shutil
 import stat
@@ -135,3 +137,35 @@ def test_bad_key_files_are_typed_errors(tmp_path):
         signing.check_signing_key(tmp_path / "junk.pem")
     with pytest.raises(KeyFileError, match="cannot read"):
         signing.check_signing_key(tmp_path / "missing.key")
+
+
+def test_the_verifier_agrees_with_model_signing(keys, tmp_path):
+    import model_signing
+
+    original = b"native code " * 100
+    path = tmp_path / "f.bin"
+    path.write_bytes(original)
+    signature = signing.signature_path(path)
+    signing.sign_file(path, keys / "trusted.key")
+    good = signature.read_bytes()
+    document = json.loads(good)
+    statement = json.loads(base64.b64decode(document["dsseEnvelope"]["payload"]))
+    statement["predicate"]["resources"][0]["digest"] = hashlib.sha256(b"other").hexdigest()
+    document["dsseEnvelope"]["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+    forged = json.dumps(document).encode()
+    cases = [
+        (original, good, "trusted.pub", True),
+        (original + b"!", good, "trusted.pub", False),
+        (original, good, "other.pub", False),
+        (b"other", forged, "trusted.pub", False),
+    ]
+    for data, sig, public, expected in cases:
+        path.write_bytes(data)
+        signature.write_bytes(sig)
+        try:
+            model_signing.verifying.Config().use_elliptic_key_verifier(public_key=keys / public).verify(path, signature)
+            theirs = True
+        except Exception:  # noqa: BLE001 - model-signing raises ValueError and others
+            theirs = False
+        ours = signing.verify_value(None, data, sig, signing.read_trusted_keys(keys / public)).trusted
+        assert ours == theirs == expected, (public, expected)
