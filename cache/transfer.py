@@ -16,12 +16,13 @@ are suggestions (their code is built here) and import either way.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from portkern import framing, signing
+from portkern import framing, schemas, signing
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, tuning_key
 from portkern.cache.store import Entry, Store, matches_device
@@ -61,6 +62,26 @@ class TransferReport:
             "unsigned_allowed": self.unsigned_allowed,
             "signed": self.signed,
         }
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_schema():
+    import fastjsonschema
+
+    # The schema keeps to keywords draft 7 shares with 2020-12 ($defs are plain JSON pointers).
+    return fastjsonschema.compile({**schemas.schema("cache-export"), "$schema": "http://json-schema.org/draft-07/schema#"})
+
+
+def check_meta(meta: object) -> None:
+    """Check an export's metadata against `schemas/cache-export.schema.json`; `CacheError` at the first
+    violation. Compiled (fastjsonschema): an export can carry 65,536 entries."""
+    import fastjsonschema
+
+    try:
+        _compiled_schema()(meta)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        where = "/".join(str(part) for part in exc.path[1:]) or "meta"
+        raise CacheError(f"metadata does not match the cache-export schema at {where}: {exc.message[:300]}") from None
 
 
 def export(
@@ -106,7 +127,8 @@ def import_(store: Store, path: str | Path, *, allow_unsigned: bool = False) -> 
     raw = framing.read_bounded(path, MAX_EXPORT_BYTES, "cache export", CacheError)
     try:
         _, _, document = framing.unpack(FORMAT, raw)
-        meta, blobs = framing.meta_and_blobs(document, "cache-export", CacheError)
+        meta, blobs = framing.meta_and_blobs(document, "cache-export", CacheError, validate=False)
+        check_meta(meta)
     except CacheError as exc:
         raise CacheError(f"{path}: {exc}") from None
     report = TransferReport(str(path), signature=signing.verify_file(path, raw, signing.from_env().trusted))
