@@ -132,6 +132,14 @@ class TuningError(PortkernError):
     """Tuning could not produce any valid configuration."""
 
 
+class DispatchTuningError(TuningError):
+    """Tuning one dispatch of a kernel failed; says which kernel and dispatch, and why."""
+
+    def __init__(self, kernel: str, dispatch: str, reason: str) -> None:
+        super().__init__(f"{kernel}: dispatch {dispatch}: {reason}")
+        self.kernel, self.dispatch, self.reason = kernel, dispatch, reason
+
+
 # --- signatures -------------------------------------------------------------
 
 
