@@ -9,16 +9,16 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from portkern import schemas
+from portkern import schemas, signing
 from portkern.cache.keys import validated_key
-from portkern.cache.store import CacheWarning, Store, default_store
-from portkern.errors import DeviceError, KernelRuntimeError, PortkernError, TuningError
+from portkern.cache.store import UNUSABLE, CacheWarning, Store, default_store
+from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError
 from portkern.jit import buckets, devices
 from portkern.jit.args import check_arguments
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
 from portkern.jit.toolchain import toolchain_for
-from portkern.portable.bundle import Bundle, KernelRecord, Signature, read_bundle
+from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_bytes
 from portkern.portable.verify import check_kernels
 from portkern.tuner.session import tune_kernel, tune_kernel_shapes
 
@@ -39,11 +39,22 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
         seen.append(store.get_record("v", validated_key(digest, schema)) is not None)
         return seen[-1]
 
-    bundle = read_bundle(path, validated)
+    data = read_bundle_bytes(path)
+    bundle = decode_file(path, data, validated)
+    check_signature(bundle, Path(path), data)
     check_kernels(bundle)
     if not any(seen):
         store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
     return LoadedBundle(bundle, Path(path), store)
+
+
+def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
+    """Under `PORTKERN_REQUIRE_SIGNATURE`, refuse a bundle that carries prebuilt native code
+    unless `data` (its bytes as read) is signed by a trusted key."""
+    policy = signing.from_env()
+    if policy.required and any(record.native for record in bundle.kernels):
+        verdict = signing.verify_file(path, data, policy.trusted)
+        signing.require_trusted(verdict, f"{path}: refused (it carries prebuilt native code and {signing.REQUIRE_ENV}=1)")
 
 
 class LoadedBundle(NativeCode):
@@ -97,16 +108,25 @@ class LoadedBundle(NativeCode):
         config, tuning = self.config_for(record, target, tune)
         buckets = tune_kernel_shapes(self, record, target, tune, shapes) if shapes is not None else None
         plan = self.plan(record, target, config)
-        native = self.obtain(plan)
+        try:
+            native = self.obtain(plan)
+        except (FinalizeError, PerfConfigError) as exc:
+            if config == DEFAULT_CONFIG:
+                raise
+            self._set_aside(record, target, config, exc)
+            tuning, plan = None, self.plan(record, target)
+            native = self.obtain(plan)
         if tuning is not None and tuning.source == "search":
             native = replace(native, origin="tuned")
         try:
             executable = self._executable(record, target, native)
         except KernelRuntimeError as exc:
-            if native.origin != "cache":
+            if native.origin not in ("cache", "remote"):
                 raise
             warnings.warn(f"cached native code for {name!r} on {target.label} does not load ({exc}); rebuilding it", CacheWarning, stacklevel=2)
             self.evict(plan)
+            if native.origin == "remote":
+                self.store.remote.reject_native(native.key, f"does not load: {exc}")
             native = self.obtain(plan)
             executable = self._executable(record, target, native)
         return Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets)
@@ -153,11 +173,25 @@ class LoadedBundle(NativeCode):
         if tune in NO_SEARCH:
             if tune is None:
                 chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
-                if chosen and isinstance(chosen.get("config"), str):
+                if chosen and isinstance(chosen.get("config"), str) and not chosen.get(UNUSABLE):
                     return chosen["config"], None
             return DEFAULT_CONFIG, None
         result = tune_kernel(self, record, target, strategy=tune)
         return result.config, result
+
+    def _set_aside(self, record: KernelRecord, target: Target, config: str, error: Exception) -> None:
+        """Warn that a stored config does not build, and mark its record so it is not used again."""
+        reason = " ".join(str(error).split())[:300]
+        warnings.warn(
+            f"stored tuning config {config[:80]!r} of {record.name!r} on {target.label} does not build ({reason}); "
+            "using the compiler's default and marking the stored result unusable",
+            CacheWarning,
+            stacklevel=3,
+        )
+        problem, compiler = selection_problem(record, target), compiler_id(record)
+        stored = self.store.get_tuning(problem, target.fingerprint, compiler)
+        if stored is not None and stored.get("config") == config:
+            self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
         return toolchain_for(record).executable(native.data, record, target)

@@ -1,4 +1,5 @@
-"""The one owner of native code: key, look up, lock, prebuilt code, a worker's compile, check, store.
+"""The one owner of native code: key, look up (this host's cache, then the fleet's remote tier),
+lock, prebuilt code, a worker's compile, check, store (and share through the remote tier).
 
 Loader and tuner both get native code through `NativeCode`. A kernel is
 planned once per request (`Plan`: its stage, what besides the stage selects
@@ -37,7 +38,7 @@ class Native:
     data: bytes
     key: str
     config: str
-    #: "cache", "prebuilt", "finalized", or "tuned" (searched for in this call).
+    #: "cache", "remote" (the fleet's remote tier), "prebuilt", "finalized", or "tuned" (searched for in this call).
     origin: str
     finalize_s: float = 0.0
 
@@ -145,17 +146,19 @@ class NativeCode:
     ) -> list[Native | PortkernError]:
         """Native code for every plan, the cold ones compiled concurrently on up to `workers`
         workers; a failed kernel's place holds its typed error instead."""
-        outcomes: list[Native | PortkernError | None] = [self.cached(plan) for plan in plans]
+        outcomes: list[Native | PortkernError | None] = [self.cached(plan) or self._from_remote(plan, count=True) for plan in plans]
         done = sum(o is not None for o in outcomes)
         if progress is not None and done:
             progress(done, len(plans), plans[0])
         cold = sorted({plans[i].hex: i for i, o in enumerate(outcomes) if o is None}.items())
+        remote = self.store.remote
         with ExitStack() as locks:
             jobs: dict[int, tuple[Job, Plan]] = {}
             for hex_key, index in cold:
                 plan = plans[index]
                 locks.enter_context(self.store.lock(hex_key))
-                outcome = self.cached(plan, count=False) or self._prebuilt(plan)
+                fleet_wide = locks.enter_context(remote.lock(hex_key)) if remote is not None else False
+                outcome = self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan)
                 if outcome is None:
                     try:
                         jobs[index] = (self._job(index, plan), plan)
@@ -205,6 +208,7 @@ class NativeCode:
         entry = self.entry(plan, native)
         entry.kernel_time_s = kernel_time_s
         self.store.put(plan.hex, data, entry)
+        self._publish(plan, native)
         return native
 
     def put_native(
@@ -248,6 +252,29 @@ class NativeCode:
 
     # --- inside obtain_many -----------------------------------------------------------
 
+    def _from_remote(self, plan: Plan, count: bool = False) -> Native | None:
+        """Native code from the remote tier, checked for this device and copied into the local cache."""
+        remote = self.store.remote
+        fetched = remote.get_native(plan.hex) if remote is not None else None
+        if fetched is not None:
+            problem = code_problem(fetched.data, plan.target.fingerprint)
+            if problem is not None:
+                remote.reject_native(plan.hex, f"not code for {plan.target.label}: {problem}")
+                fetched = None
+        if remote is not None and count:
+            self.store.count_remote(fetched is not None)
+        if fetched is None:
+            return None
+        native = Native(fetched.data, plan.hex, plan.config, "remote", fetched.meta.get("finalize_s", 0.0))
+        self.store.put(plan.hex, fetched.data, self.entry(plan, native))
+        return native
+
+    def _publish(self, plan: Plan, native: Native) -> None:
+        """Share native code built here through the remote tier, if there is one."""
+        if self.store.remote is not None:
+            meta = {"config": native.config, "format": toolchain_for(plan.record).format, "finalize_s": native.finalize_s}
+            self.store.remote.put_native(native.key, native.data, meta)
+
     def _prebuilt(self, plan: Plan) -> Native | None:
         if plan.config != DEFAULT_CONFIG:
             return None
@@ -282,4 +309,5 @@ class NativeCode:
             return exc
         native = Native(data, plan.hex, plan.config, "finalized", result.wall_s)
         self.store.put(plan.hex, data, self.entry(plan, native))
+        self._publish(plan, native)
         return native

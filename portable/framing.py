@@ -128,7 +128,7 @@ def _decode(fmt: Format, payload: memoryview) -> Any:
         raise fmt.malformed(f"payload is not valid msgpack ({type(exc).__name__}: {exc})") from None
 
 
-def read_limited(path: str | Path, limit: int, what: str, error: type[Exception], oversize: type[Exception] | None = None) -> bytes:
+def read_bounded(path: str | Path, limit: int, what: str, error: type[Exception], oversize: type[Exception] | None = None) -> bytes:
     """A file's bytes; `oversize` (default `error`) if it holds more than `limit` bytes,
     `error` if it cannot be read. Never reads more than `limit` + 1 bytes."""
     path = Path(path)

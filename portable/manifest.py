@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import yaml
 
 from portkern.errors import LaunchSpecError, ManifestError, did_you_mean
-from portkern.portable.framing import read_limited
+from portkern.portable.framing import read_bounded
 from portkern.schemas import validator
 
 #: Source suffix -> kernel kind, for kernels whose manifest entry names no kind.
@@ -45,7 +45,7 @@ class Manifest:
 def load_manifest(path: str | Path) -> Manifest:
     """Read and validate a manifest file."""
     path = Path(path)
-    data = read_limited(path, MAX_MANIFEST_BYTES, "manifest", ManifestError)
+    data = read_bounded(path, MAX_MANIFEST_BYTES, "manifest", ManifestError)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

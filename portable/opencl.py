@@ -25,7 +25,7 @@ from typing import Sequence
 
 from portkern.errors import BuildError, CompileError, LaunchSpecError, brief
 from portkern.portable import spirv
-from portkern.portable.framing import read_limited
+from portkern.portable.framing import read_bounded
 from portkern.portable.bundle import KernelRecord, Stage, sha256
 from portkern.portable.launch import Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, where_of
 from portkern.portable.manifest import KernelSpec
@@ -233,7 +233,7 @@ def _c_type(param: spirv.Param) -> str:
 
 
 def _read_source(path: Path) -> bytes:
-    return read_limited(path, MAX_SOURCE_BYTES, "source", BuildError)
+    return read_bounded(path, MAX_SOURCE_BYTES, "OpenCL source", BuildError)
 
 
 def _path(tool: str) -> str:
