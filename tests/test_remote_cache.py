@@ -29,7 +29,8 @@ from portkern.cache.store import Store  # noqa: E402
 from portkern.cli.main import main  # noqa: E402
 from portkern.examples.reference import EXAMPLES  # noqa: E402
 from portkern.jit import devices  # noqa: E402
-from portkern.jit.loader import LoadedBundle, compiler_id, selection_problem  # noqa: E402
+from portkern.jit.native import compiler_id, selection_problem  # noqa: E402
+from portkern.jit.workers import Pool  # noqa: E402
 from portkern.tuner import perfconfig  # noqa: E402
 from portkern.tuner.cpu_config import CpuConfig  # noqa: E402
 from test_cache_processes import RUN_KERNEL, result  # noqa: E402
@@ -70,7 +71,7 @@ def no_compiling(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("compiled although the remote tier had the code")
 
-    monkeypatch.setattr(LoadedBundle, "_compile", refuse)
+    monkeypatch.setattr(Pool, "run", refuse)  # every compile is a job for the worker pool
 
 
 def native_values(server) -> list[bytes]:
