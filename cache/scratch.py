@@ -22,6 +22,17 @@ def make(purpose: str) -> str:
     return tempfile.mkdtemp(prefix=f"portkern-{purpose}-{os.getpid()}-")
 
 
+def remove_of(pid: int, root: str | Path | None = None) -> None:
+    """Remove the scratch directories of a process this one stopped (it had no chance to)."""
+    base = Path(root or tempfile.gettempdir())
+    try:
+        paths = [p for p in base.glob(f"portkern-*-{int(pid)}-*") if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

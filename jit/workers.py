@@ -32,6 +32,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
 from portkern import errors
+from portkern.cache import scratch
 from portkern.errors import FinalizeError, PortkernError, brief
 from portkern.jit.target import Target
 from portkern.jit.worker import read_frame, write_frame
@@ -228,6 +229,8 @@ class _Worker:
         except (OSError, subprocess.TimeoutExpired):
             self.process.kill()
             self.process.wait()
+        if self.process.returncode != 0:  # killed or crashed: its exit handlers did not run
+            scratch.remove_of(self.process.pid)
         for stream in (self.process.stdin, self.process.stdout):
             try:
                 stream.close()
