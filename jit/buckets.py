@@ -10,8 +10,11 @@ was made for, and the dynamic default otherwise (untuned buckets included).
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
+
+from portkern.errors import PortkernError
 
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, TensorSpec
 from portkern.portable.compiler import Compiler
@@ -71,7 +74,13 @@ def read_index(stored: Mapping[str, Any] | None) -> dict[str, BucketRecord]:
             record = BucketRecord.from_dict(data)
         except (TypeError, ValueError):
             continue
-        if isinstance(record.values, Mapping) and all(isinstance(v, int) for v in record.values.values()):
+        if (
+            isinstance(record.values, Mapping)
+            and all(isinstance(k, str) and type(v) is int and v > 0 for k, v in record.values.items())
+            and isinstance(record.config, str)
+            and isinstance(record.stage, str)
+            and type(record.size) is int
+        ):
             found[label] = record
     return found
 
@@ -123,16 +132,20 @@ def pick(contract: ShapeContract, table: Mapping[str, BucketCode], kernel: str, 
 def load_table(loaded, record: KernelRecord, target, stored: Mapping[str, Any] | None) -> dict[str, BucketCode]:
     """The specialised code of each tuned bucket of `record`, from the cache (or compiled again)."""
     table = {}
+    contract = record.signature.contract
     for label, decided in read_index(stored).items():
-        if decided.code != "specialised":
+        if decided.code != "specialised" or contract is None or set(decided.values) != set(contract.symbols):
             continue
-        special = specialised_record(record, decided.values, decided.stage, decided.size)
-        source = loaded
-        if loaded.store.get(loaded.key(special, target, decided.config).hex, count=False) is None:
-            bundle, special = specialised_bundle(loaded.bundle, record, decided.values, Compiler())
-            if special.stage().blob != decided.stage:
-                continue  # specialised differently now (another compiler): the bucket needs tuning again
-            source = type(loaded)(bundle, loaded.path, loaded.store)
-        native = source.native(special, target, decided.config)
-        table[label] = BucketCode(decided, native, source._executable(special, target, native))
+        try:
+            special = specialised_record(record, decided.values, decided.stage, decided.size)
+            source = loaded
+            if loaded.store.get(loaded.key(special, target, decided.config).hex, count=False) is None:
+                bundle, special = specialised_bundle(loaded.bundle, record, decided.values, Compiler())
+                if special.stage().blob != decided.stage:
+                    continue  # specialised differently now (another compiler): the bucket needs tuning again
+                source = type(loaded)(bundle, loaded.path, loaded.store)
+            native = source.native(special, target, decided.config)
+            table[label] = BucketCode(decided, native, source._executable(special, target, native))
+        except PortkernError as exc:
+            warnings.warn(f"{record.name!r}: the tuned code of bucket {label} is not usable ({exc}); that bucket runs the dynamic default")
     return table

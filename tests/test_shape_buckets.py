@@ -165,3 +165,45 @@ def test_cli_tune_shapes_errors_are_one_line(bundle_path, tmp_path, capsys, shap
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("portkern: error: ") and "\n" not in err and message in err
+
+
+def test_damaged_bucket_records_cost_only_their_bucket(bundle_path, store, rng):
+    from portkern.jit import buckets
+    from portkern.jit.loader import compiler_id, selection_problem
+
+    loaded = portkern.load(bundle_path, store=store)
+    record, target = loaded.record("gemm"), devices.resolve("cpu", store)
+    problem = buckets.index_problem(selection_problem(record, target))
+    good = {"label": "M<=8", "values": {"M": 8}, "code": "specialised", "config": "0=cpu:v1:nonsense", "stage": "0" * 64, "size": 1}
+    damaged = {
+        "M<=8": good,
+        "M<=16": {**good, "values": {"M": "16"}},
+        "M<=32": {**good, "values": [32]},
+        "M<=64": "not a record",
+        "M<=128": {**good, "values": {"M": 128}, "surprise": 1},
+    }
+    store.put_tuning(problem, target.fingerprint, compiler_id(record), {"kernel": "gemm", "buckets": damaged})
+    kernel = portkern.load(bundle_path, store=store).kernel("gemm")  # the stage digest no longer matches: skipped
+    assert kernel.buckets == {}
+    a, b = inputs(rng, 8)
+    assert kernel.code_for(a, b)["code"] == "dynamic"
+    np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_bucket_record_with_a_bad_config_warns_and_runs_the_default(bundle_path, store, rng):
+    from portkern.jit import buckets
+    from portkern.jit.loader import compiler_id, selection_problem
+    from portkern.portable.compiler import Compiler
+
+    loaded = portkern.load(bundle_path, store=store)
+    record, target = loaded.record("gemm"), devices.resolve("cpu", store)
+    _, special = buckets.specialised_bundle(loaded.bundle, record, {"M": 8}, Compiler())
+    stage = special.stage()
+    bad = {"label": "M<=8", "values": {"M": 8}, "code": "specialised", "config": "0=cpu:v1:nonsense", "stage": stage.blob, "size": stage.size}
+    problem = buckets.index_problem(selection_problem(record, target))
+    store.put_tuning(problem, target.fingerprint, compiler_id(record), {"kernel": "gemm", "buckets": {"M<=8": bad}})
+    with pytest.warns(UserWarning, match=r"the tuned code of bucket M<=8 is not usable .* runs the dynamic default"):
+        kernel = portkern.load(bundle_path, store=store).kernel("gemm")
+    a, b = inputs(rng, 8)
+    assert kernel.code_for(a, b)["code"] == "dynamic"
+    np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
