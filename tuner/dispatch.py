@@ -40,7 +40,7 @@ class Dispatch:
     family: str
     #: The root op's name ("linalg.matmul", "linalg.generic", ...), "" without a root.
     root: str
-    #: Static loop ranges of the root op.
+    #: Static loop ranges of the root op (0 for a dynamic range).
     sizes: tuple[int, ...]
     #: Per loop of the root op: True for parallel, False for reduction.
     parallel: tuple[bool, ...]
@@ -54,10 +54,13 @@ class Dispatch:
     native_vector_bytes: int
     #: Why the dispatch cannot be tuned; "" when it can.
     reason: str = ""
+    #: Some loop range is dynamic: the dispatch is not searched, but takes a config stamped on
+    #: it (one tuned on the kernel specialised to a shape bucket's sizes, `tuner.buckets`).
+    dynamic: bool = False
 
     @property
     def tunable(self) -> bool:
-        return not self.reason
+        return not self.reason and not self.dynamic
 
     @property
     def work(self) -> int:
@@ -100,7 +103,7 @@ def _symbol(function) -> str:
 
 
 def _loops(op) -> tuple[tuple[int, ...], tuple[bool, ...], int]:
-    """Loop ranges, loop kinds and largest element size of a linalg op, from its indexing maps."""
+    """Loop ranges (0 where dynamic), loop kinds and largest element size of a linalg op, from its indexing maps."""
     from iree.compiler import ir
     from iree.compiler.dialects import linalg
 
@@ -120,9 +123,8 @@ def _loops(op) -> tuple[tuple[int, ...], tuple[bool, ...], int]:
         element_bytes = max(element_bytes, (getattr(shaped.element_type, "width", 32) + 7) // 8)
         for expr, extent in zip(amap.results, shaped.shape):
             if isinstance(expr, ir.AffineDimExpr):
-                if extent == ir.ShapedType.get_dynamic_size():
-                    raise PerfConfigError(f"{op.name}: dynamic shapes are not tuned")
-                sizes[expr.position] = extent
+                static = extent != ir.ShapedType.get_dynamic_size()
+                sizes[expr.position] = max(sizes[expr.position] or 0, extent if static else 0)
                 if position >= len(operands) - outputs:
                     in_output[expr.position] = True
     if any(s is None for s in sizes):
@@ -185,7 +187,8 @@ def dispatches(module) -> list[Dispatch]:
             found.append(Dispatch(**{**fields, "root": root.name}, reason=str(exc)))
             continue
         found.append(
-            Dispatch(**{**fields, "root": root.name, "sizes": sizes, "parallel": parallel, "element_bytes": element_bytes, "default": default})
+            Dispatch(**{**fields, "root": root.name, "sizes": sizes, "parallel": parallel, "element_bytes": element_bytes, "default": default,
+                        "dynamic": 0 in sizes})
         )
     return found
 
@@ -203,7 +206,7 @@ def stamp(module, config: KernelConfig, context: "ir.Context"):
         dispatch = found.get(index)
         if dispatch is None:
             raise PerfConfigError(f"config names dispatch {index}, the kernel has {len(functions)}")
-        if not dispatch.tunable:
+        if dispatch.reason:
             raise PerfConfigError(f"dispatch {dispatch.label} cannot take a config: {dispatch.reason}")
         if perf.family != dispatch.family or perf.rank != len(dispatch.sizes):
             raise PerfConfigError(
