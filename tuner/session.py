@@ -289,7 +289,17 @@ def tune_kernel_shapes(natives: NativeCode, record: KernelRecord, target: Target
     if not strategies.get(strategy).LEVEL:
         raise TuningError(f"strategy {strategy!r} does not search; tuning for shapes needs one that does (e.g. quick)")
     return tune_shapes(
-        natives, record, target, strategy, shapes, tune=tuner.tune, problem=selection_problem(record, target),
+        natives, record, target, strategy, shapes, tune=tuner.tune, compile_dynamic=_compile_dynamic(natives),
+        problem=selection_problem(record, target),
         compiler=compiler_id(record), **{"min_gain": MIN_GAIN, **options},
     )
 
+
+def _compile_dynamic(natives: NativeCode):
+    """`compile_dynamic(bundle, record, target, config)` for `tune_shapes`: the dynamic kernel's
+    native code for a config, through the native-code service (its workers)."""
+
+    def compile_dynamic(bundle, record: KernelRecord, target: Target, config: str) -> bytes:
+        return natives.native(record, target, config).data
+
+    return compile_dynamic
