@@ -143,12 +143,11 @@ def test_after_tuning_the_bucket_code_runs_for_its_sizes(bundle_path, store, rng
 
 
 def test_a_tuned_config_stamped_on_the_dynamic_module_is_correct_for_every_size(bundle_path, store, rng):
-    from portkern.tuner.session import compile_config
     from portkern.jit.runtime import Executable
 
     loaded = portkern.load(bundle_path, store=store)
     record, target = loaded.record("gemm"), devices.resolve("cpu", store)
-    executable = Executable(compile_config(loaded.bundle, record, target, "0=cpu:v1:16x32x0,4x16x0,0x0x4"), record.entry)
+    executable = Executable(loaded.native(record, target, "0=cpu:v1:16x32x0,4x16x0,0x0x4").data, record.entry)
     for m in (1, 5, 16, 37):
         a, b = inputs(rng, m)
         np.testing.assert_allclose(executable(a, b)[0], reference(a, b), rtol=1e-5, atol=1e-4)
