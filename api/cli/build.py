@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
-from portkern.cli.common import Report, add_json, human_size, table
+from portkern.cli.common import JSON_FORMAT, Report, add_json, human_size, table
 
 
 def register(sub) -> None:
@@ -45,9 +46,24 @@ def run_build(args: argparse.Namespace) -> Report:
         def finish(bundle):
             return prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
 
-    bundle = build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
+    starts: dict[str, float] = {}
+
+    def progress(spec, i, n) -> None:
+        starts[spec.name] = time.perf_counter()
+        say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ...")
+
+    built: list[float] = []
+
+    def finished(bundle):
+        built.append(time.perf_counter())
+        return finish(bundle) if finish is not None else bundle
+
+    bundle = build_file(args.manifest, args.output, progress, finished)
     report = describe(bundle, args.output)
     report.data["written"] = str(args.output)
+    ends = [*list(starts.values())[1:], *built]
+    for kernel, start, end in zip(report.data["kernels"], starts.values(), ends):
+        kernel["build_s"] = end - start  # lowering this kernel on the build host (prebuilds not included)
     return report
 
 
@@ -61,6 +77,7 @@ def describe(bundle, path: Path) -> Report:
     """A bundle's kernels, stages, native slices, producers and digest."""
     size = path.stat().st_size if path.exists() else None
     data = {
+        "json_format": JSON_FORMAT,
         "path": str(path),
         "name": bundle.name,
         "digest": bundle.digest,

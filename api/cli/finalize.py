@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, human_size, store_from, table
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, human_size, store_from, table
 from portkern.errors import PortkernError
 
 
@@ -64,7 +64,8 @@ def run_finalize(args: argparse.Namespace) -> Report:
             )
     keys = [r["key"] for r in rows if r["ok"]]
     exported = transfer.export(store, args.export, keys=keys).to_dict() if args.export else None
-    data = {"bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
+    # per entry, `finalize_s`: the time its native code took to make (for a cache hit, when it was made)
+    data = {"json_format": JSON_FORMAT, "bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
 
     def render(out):
         shown = [
