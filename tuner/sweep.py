@@ -34,6 +34,7 @@ _REASON_KINDS = (
     ("stopped by the budget", "stopped by the budget (stored incomplete)"),
     ("time limit", "stopped by the time limit (stored incomplete)"),
     ("search space", "no search space for the family"),
+    ("integers in [", "more loops than a perf config holds (rank above 8)"),
     ("kernels are not tuned", "kernel kind not tuned"),
     ("stored as the kernel's selection", "default strategy: the compiler's config"),
 )
