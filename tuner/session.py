@@ -156,7 +156,7 @@ class _Run:
     def execute(self) -> TuneResult:
         found = analysis.dispatches(self.configured)
         chosen = {d.index for d in self.module.choose(found)}
-        results = {d.index: DispatchResult(d.index, d.name, d.problem, note=d.reason or "left at default by the strategy") for d in found}
+        results = {d.index: DispatchResult(d.index, d.name, d.problem, note=registry.no_space_reason(d) if not d.tunable else "left at default by the strategy") for d in found}
         base = KernelConfig()
         to_search: list[Dispatch] = []
         for d in found:
@@ -301,7 +301,7 @@ def tune_kernel_shapes(loaded, record: KernelRecord, target: Target, strategy: s
     if not strategies.get(strategy).LEVEL:
         raise TuningError(f"strategy {strategy!r} does not search; tuning for shapes needs one that does (e.g. quick)")
     return tune_shapes(
-        loaded, record, target, strategy, shapes, tune=tuner.tune, problem=selection_problem(record, target),
+        loaded, record, target, strategy, shapes, tune=tuner.tune, compile_dynamic=compile_config, problem=selection_problem(record, target),
         compiler=compiler_id(record), **{"min_gain": MIN_GAIN, **options},
     )
 

@@ -26,7 +26,7 @@ RESULT, REASON, ERROR, UNTYPED = "result", "reason", "error", "untyped"
 _REASON_KINDS = (
     ("left at default by the strategy", "not chosen by the strategy (a small share of the kernel)"),
     ("no indexing maps", "root op without indexing maps (softmax, attention, ...)"),
-    ("dynamic shapes", "dynamic shapes"),
+    ("dynamic loop ranges", "dynamic loop ranges (tuned per shape bucket)"),
     ("root ops (expected one)", "not exactly one root op"),
     ("no lowering config", "no lowering config of a known family"),
     ("no candidate besides", "no candidate besides the compiler's default"),
