@@ -3,8 +3,10 @@
 #   ./dev.sh demo [portkern demo options]   build, finalise, tune and run the examples on this CPU
 #   ./dev.sh test [pytest options]          run the test suite
 #   ./dev.sh setup                          only set up
+#   ./dev.sh portkern ARGS...               any portkern command (paths relative to where you are)
 #   ./dev.sh bench                          run every benchmark in bench/
 set -euo pipefail
+CALLER_DIR="$PWD"
 cd "$(dirname "$0")"
 
 VENV="${PORTKERN_VENV:-.venv}"
@@ -55,6 +57,7 @@ case "$cmd" in
   demo)  setup; exec "$VENV/bin/portkern" demo "$@" ;;
   test)  setup; exec "$VENV/bin/python" -m pytest "$@" ;;
   setup) setup ;;
+  portkern) setup; portkern="$(cd "$VENV/bin" && pwd)/portkern"; cd "$CALLER_DIR"; exec "$portkern" "$@" ;;
   bench) setup; for b in bench/*.py; do log "$b"; "$VENV/bin/python" "$b"; done ;;
-  *) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

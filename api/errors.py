@@ -6,6 +6,9 @@ that is not a `PortkernError` is a bug.
 
 from __future__ import annotations
 
+import difflib
+from typing import Iterable
+
 
 class PortkernError(Exception):
     """Base class of all portkern errors."""
@@ -14,6 +17,12 @@ class PortkernError(Exception):
 def message_lines(text: object) -> list[str]:
     """The non-empty lines of a message (a tool's output, an exception), stripped."""
     return [line.strip() for line in str(text).splitlines() if line.strip()]
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """A hint naming the closest of `choices` to a misspelt `word` (`" (did you mean 'x'?)"`), or ""."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 # --- build host -------------------------------------------------------------
@@ -109,6 +118,10 @@ class ForkError(DeviceError):
 
 
 # --- cache and tuning -------------------------------------------------------
+
+
+class UsageError(PortkernError):
+    """A command line the `portkern` command does not accept."""
 
 
 class CacheError(PortkernError):

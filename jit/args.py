@@ -26,6 +26,7 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
         if not isinstance(arg, (np.ndarray, np.generic)):
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} must be a numpy array of {spec}, got {type(arg).__name__}"
+                + (f" (pass a scalar as a NumPy scalar: np.{np.dtype(spec.dtype).name}({arg!r}))" if not spec.shape and isinstance(arg, (int, float, bool)) else "")
             )
         array = np.asarray(arg)
         if array.dtype != np.dtype(spec.dtype):
@@ -38,7 +39,7 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
             wanted = "x".join("?" if d is None else str(d) for d in spec.shape) or "scalar"
             got = "x".join(map(str, array.shape)) or "scalar"
             raise ArgumentShapeError(f"{kernel}() argument {index} must have shape {wanted}, got {got}")
-        arrays.append(np.ascontiguousarray(array))
+        arrays.append(array if array.flags.c_contiguous else np.array(array, order="C"))
     return arrays
 
 

@@ -12,9 +12,12 @@ the native code it holds, at its first call in the child.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import threading
 import time
+from typing import Iterator
 
 import numpy as np
 
@@ -131,14 +134,18 @@ class Executable:
         return [rt.asdevicearray(device, a) for a in arrays]
 
     def invoke(self, *arrays):
-        """Run on device arrays (from `upload`) or NumPy arrays; results stay on the device."""
+        """Run on device arrays (from `upload`) or NumPy arrays; results stay on the device.
+
+        A Ctrl-C during the call is raised as KeyboardInterrupt once the call returns.
+        """
         return self._invoke(self._load(self.driver), arrays)
 
     def _invoke(self, loaded: _Loaded, arrays):
-        try:
-            return loaded.function(*arrays)
-        except (RuntimeError, ValueError) as exc:
-            raise KernelRuntimeError(f"{self.entry}: {exc}") from None
+        with interrupts_deferred():
+            try:
+                return loaded.function(*arrays)
+            except (RuntimeError, ValueError) as exc:
+                raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
     def _run(self, arrays):
         """Run NumPy arrays on the task executor when it is free and the kernel is worth it, else inline."""
@@ -164,4 +171,35 @@ class Executable:
             return []
         if not isinstance(results, (tuple, list)):
             results = (results,)
-        return [np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results]
+        return distinct([np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results])
+
+
+def distinct(arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """The arrays, each one copied if it shares memory with an earlier one."""
+    out: list[np.ndarray] = []
+    for array in arrays:
+        out.append(array.copy() if any(np.may_share_memory(array, seen) for seen in out) else array)
+    return out
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold SIGINT while the body runs, then deliver it to the handler that was in place.
+
+    IREE's argument and result conversion runs Python code that turns an
+    interrupt raised inside it into a ValueError; holding the signal keeps an
+    interrupt an interrupt. Only the main thread receives signals, so other
+    threads (and a handler installed outside Python, which could not be put
+    back) run the body as it is.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    caught: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)

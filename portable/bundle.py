@@ -209,13 +209,14 @@ class Bundle:
     version: tuple[int, int] = (FORMAT_MAJOR, FORMAT_MINOR)
 
     def kernel(self, name: str) -> KernelRecord:
-        from portkern.errors import KernelNotFoundError
+        from portkern.errors import KernelNotFoundError, did_you_mean
 
         for record in self.kernels:
             if record.name == name:
                 return record
-        known = ", ".join(k.name for k in self.kernels) or "none"
-        raise KernelNotFoundError(f"bundle {self.name!r} has no kernel {name!r} (it has: {known})")
+        names = [k.name for k in self.kernels]
+        hint = did_you_mean(name, names)
+        raise KernelNotFoundError(f"bundle {self.name!r} has no kernel {name!r}{hint} (it has: {', '.join(names) or 'none'})")
 
     def blob(self, sha: str) -> bytes:
         return self.blobs[sha]

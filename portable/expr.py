@@ -99,7 +99,10 @@ def parse(text: str | int, *, condition: bool = False) -> Expr:
     try:
         tree = ast.parse(source, mode="eval").body
     except SyntaxError as exc:
-        raise LaunchSpecError(f"`{source}` is not a valid expression ({exc.msg})") from None
+        hint = ""
+        if source.count("(") != source.count(")"):
+            hint = '; YAML splits an unquoted list item at its commas: quote the whole expression, e.g. ["round_up(n, 64)"]'
+        raise LaunchSpecError(f"`{source}` is not a valid expression ({exc.msg}){hint}") from None
     nodes = sum(1 for _ in ast.walk(tree))
     if nodes > MAX_NODES:
         raise LaunchSpecError(f"`{source}` is too complex ({nodes} nodes; at most {MAX_NODES})")

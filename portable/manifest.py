@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from portkern.errors import LaunchSpecError, ManifestError
+from portkern.errors import LaunchSpecError, ManifestError, did_you_mean
 from portkern.schemas import validator
 
 #: Source suffix -> kernel kind, for kernels whose manifest entry names no kind.
@@ -58,7 +58,7 @@ def parse_manifest(text: str, path: Path) -> Manifest:
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        raise ManifestError(_yaml_problem(exc, text, path)) from None
     if root is None:
         raise ManifestError(f"{path}: manifest is empty")
     lines: dict[tuple, int] = {}
@@ -141,6 +141,20 @@ def _to_python(node: yaml.Node, where: tuple, lines: dict, path: Path) -> Any:
     return yaml.SafeLoader("").construct_object(node) if node.tag != "tag:yaml.org,2002:str" else node.value
 
 
+def _yaml_problem(exc: yaml.YAMLError, text: str, path: Path) -> str:
+    """One line: file, line and column, what PyYAML found, and the offending source line."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or " ".join(str(exc).split())
+    if mark is None:
+        return f"{path}: not valid YAML: {problem}"
+    context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+    started = f" ({context} started on line {context_mark.line + 1})" if context and context_mark else ""
+    lines = text.splitlines()
+    source = lines[mark.line].rstrip() if mark.line < len(lines) else ""
+    shown = f": `{source[:120]}`" if source.strip() else ""
+    return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{started}{shown}"
+
+
 def _line(lines: dict, where: tuple) -> int:
     while where not in lines and where:
         where = where[:-1]
@@ -150,9 +164,10 @@ def _line(lines: dict, where: tuple) -> int:
 def _describe(where: tuple, error) -> str:
     dotted = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where).lstrip(".") or "manifest"
     if error.validator == "additionalProperties":
-        unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
-        allowed = ", ".join(sorted(error.schema.get("properties", {})))
-        return f"{dotted}: unknown key {', '.join(map(repr, unknown))} (allowed: {allowed})"
+        known = sorted(error.schema.get("properties", {}))
+        unknown = sorted(set(error.instance) - set(known))
+        hints = "".join(did_you_mean(key, known) for key in unknown)
+        return f"{dotted}: unknown key {', '.join(map(repr, unknown))}{hints} (allowed: {', '.join(known)})"
     if error.validator == "required":
         return f"{dotted}: {error.message}"
     if error.validator == "pattern":

@@ -78,6 +78,30 @@ def test_errors_are_one_line_with_nonzero_exit(argv, message, examples_bundle, c
     assert pytest.importorskip("re").search(message, err)
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["demo", "--seed", "-1"], "argument --seed: -1 is not from 0 to 2\\*\\*63-1"),
+        (["demo", "--seed", "x"], "argument --seed: 'x' is not an integer"),
+        (["run"], "the following arguments are required: bundle, kernel"),
+        (["nonsense"], "invalid choice: 'nonsense'"),
+    ],
+)
+def test_usage_errors_are_one_line_and_json_under_json(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("portkern: error: ") and "\n" not in err and pytest.importorskip("re").search(message, err)
+    assert main([*argv, "--json"]) == 2
+    report = json.loads(capsys.readouterr().out)
+    assert report["error"] == "UsageError" and pytest.importorskip("re").search(message, report["message"])
+
+
+def test_run_refuses_an_out_name_that_is_not_npz(examples_bundle, tmp_path, capsys):
+    status = main(["run", str(examples_bundle), "gemm_glu", "--out", str(tmp_path / "r.txt"), "--cache-dir", str(tmp_path / "cache")])
+    assert status == 1 and "give a name ending in .npz" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_error_as_json(capsys):
     assert main(["inspect", "/nonexistent.pkb", "--json"]) == 1
     report = json.loads(capsys.readouterr().out)
@@ -93,8 +117,11 @@ def test_console_script_has_no_traceback(tmp_path):
 
 
 def test_demo_builds_runs_and_checks_every_example(tmp_path, capsys):
+    (tmp_path / "opencl-examples.pkb").write_bytes(b"someone else's bundle")
     status, report = run_json(capsys, "demo", "-o", str(tmp_path / "demo.pkb"), "--cache-dir", str(tmp_path / "cache"))
     assert status == 0 and report["ok"]
+    assert (tmp_path / "opencl-examples.pkb").read_bytes() == b"someone else's bundle"
+    assert report["opencl"]["bundle"] == str(tmp_path / "demo-opencl.pkb")
     assert sorted(r["kernel"] for r in report["results"]) == sorted(EXAMPLES)
     assert all(r["max_abs_error"] <= r["atol"] + r["rtol"] for r in report["results"])
     assert len(report["cache"]) == len(EXAMPLES)

@@ -49,7 +49,7 @@ def test_shipped_example_manifest_is_valid():
         ("kernels:\n  - name: k\n    source: k.mlir\n", r"manifest.yaml:1: manifest: 'bundle' is a required property"),
         ("bundle: b\nkernels:\n  - name: k\n    source: k.txt\n", r"manifest.yaml:4: kernels\[0\].source: cannot infer the kind of 'k.txt'"),
         ("bundle: b\nbundle: c\nkernels: []\n", r"manifest.yaml:2: duplicate key 'bundle'"),
-        ("bundle: [unclosed\n", r"manifest.yaml: not valid YAML"),
+        ("bundle: [unclosed\n", r"manifest.yaml:2:1: not valid YAML"),
         ("", r"manifest.yaml: manifest is empty"),
     ],
 )

@@ -156,7 +156,7 @@ def test_inout_buffer_caller_scalar_and_driver_chosen_local_size(tmp_path, store
     np.testing.assert_array_equal(y, before)  # the caller's array is not written
     with pytest.raises(ArgumentShapeError, match=r"axpy\(\) arguments break `n >= 2` \(n=1\)"):
         axpy(y[:1], x[:1], np.float32(1))
-    with pytest.raises(ArgumentTypeError, match="argument 2 must be a numpy array of float32, got float"):
+    with pytest.raises(ArgumentTypeError, match=r"argument 2 must be a numpy array of float32, got float \(pass a scalar as a NumPy scalar: np.float32\(2.5\)\)"):
         axpy(y, x, 2.5)
 
 

@@ -19,13 +19,32 @@ from portkern.cli.common import Report, add_cache_dir, add_json, store_from
 
 def register(sub) -> None:
     demo = sub.add_parser("demo", help="build, finalise, tune and run the shipped examples on this CPU")
-    demo.add_argument("-o", "--output", type=Path, default=Path("portkern-demo/examples.pkb"), help="where to write the example bundle")
+    demo.add_argument(
+        "-o", "--output", type=Path, default=Path("portkern-demo/examples.pkb"),
+        help="where to write the example bundle; the OpenCL examples go next to it as STEM-opencl.pkb",
+    )
     demo.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
     demo.add_argument("--tune", default="quick", help="tuning strategy for the MLIR/ONNX kernels (default: quick; 'default' skips tuning)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (an integer from 0 to 2**63-1; default 0)")
     add_cache_dir(demo)
     add_json(demo)
     demo.set_defaults(handler=run_demo)
+
+
+def seed(text: str) -> int:
+    """A `--seed` value: a non-negative integer NumPy's generator accepts."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= value < 2**63:
+        raise argparse.ArgumentTypeError(f"{value} is not from 0 to 2**63-1")
+    return value
+
+
+def opencl_output(output: Path) -> Path:
+    """Where the OpenCL example bundle goes: beside `output`, named after it."""
+    return output.with_name(f"{output.stem}-opencl.pkb")
 
 
 def run_demo(args: argparse.Namespace) -> Report:
@@ -44,7 +63,7 @@ def run_demo(args: argparse.Namespace) -> Report:
     bundle = portkern.load(args.output, store=store)
     rng = np.random.default_rng(args.seed)
     results = run_examples(bundle, args.device, args.tune, rng, None if quiet else log)
-    opencl = run_opencl_examples(args.output.with_name("opencl-examples.pkb"), store, rng, None if quiet else log)
+    opencl = run_opencl_examples(opencl_output(args.output), store, rng, None if quiet else log)
     results += opencl.pop("results")
     digests = {bundle.digest, opencl.get("digest")}
     entries = [e for e in store.entries() if e.bundle_digest in digests]

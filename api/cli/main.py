@@ -10,7 +10,7 @@ import warnings
 
 from portkern import __version__
 from portkern.cli.common import emit
-from portkern.errors import PortkernError
+from portkern.errors import PortkernError, UsageError, message_lines
 
 #: Modules that each add one or more subcommands with `register(subparsers)`.
 COMMANDS = (
@@ -24,8 +24,15 @@ COMMANDS = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, with a bad command line raised as UsageError (so `--json` can report it)."""
+
+    def error(self, message: str):
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
 def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(
+    root = Parser(
         prog="portkern",
         description="Build portable kernel bundles; finalise, tune, cache and run them on this machine.",
     )
@@ -41,12 +48,19 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser().parse_args(argv)
+    except UsageError as exc:
+        if "--json" in argv:
+            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
+        print(f"portkern: error: {exc}", file=sys.stderr)
+        return 2
     warnings.showwarning = _show_warning
     try:
         return emit(args.handler(args), getattr(args, "json", False))
     except PortkernError as exc:
-        message = " ".join(str(exc).split())
+        message = " ".join(message_lines(exc))
         if getattr(args, "json", False):
             print(json.dumps({"error": type(exc).__name__, "message": message}))
         print(f"portkern: error: {message}", file=sys.stderr)

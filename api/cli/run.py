@@ -14,7 +14,7 @@ def register(sub) -> None:
     run.add_argument("bundle", type=Path)
     run.add_argument("kernel")
     run.add_argument("--inputs", nargs="*", type=Path, default=[], metavar="NPY", help="one .npy file per argument")
-    run.add_argument("--out", type=Path, help="write results to this .npz (result0, result1, ...)")
+    run.add_argument("--out", type=Path, help="write results to this .npz file (result0, result1, ...); the name must end in .npz")
     run.add_argument("--device", default="cpu", help="device spec (default: cpu)")
     run.add_argument("--tune", default=None, help="tuning strategy to apply first (default: none; use a stored result)")
     add_cache_dir(run)
@@ -40,13 +40,16 @@ def run_kernel(args: argparse.Namespace) -> Report:
 
     import portkern
 
+    if args.out is not None and args.out.suffix != ".npz":
+        raise ArgumentTypeError(f"--out {args.out}: results are written as a NumPy .npz archive; give a name ending in .npz")
     bundle = portkern.load(args.bundle, store=store_from(args))
     kernel = bundle.kernel(args.kernel, device=args.device, tune=args.tune)
     results = kernel(*load_inputs(args.inputs))
     results = results if isinstance(results, tuple) else (results,)
     if args.out:
         try:
-            np.savez(args.out, **{f"result{i}": r for i, r in enumerate(results)})
+            with open(args.out, "wb") as out:
+                np.savez(out, **{f"result{i}": r for i, r in enumerate(results)})
         except OSError as exc:
             raise PortkernError(f"cannot write {args.out}: {exc}") from None
     data = {
