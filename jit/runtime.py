@@ -1,9 +1,10 @@
 """Running native IREE code (vmfb) on NumPy arrays, from any thread and in forked children.
 
-Threads: the runtime releases the GIL while a call runs. On `local-task` one call
-at a time runs on the process's task executor (one worker per core); a call that
-finds the executor busy, or a call of a kernel that takes under `SMALL_CALL_S`
-inline, runs on the calling thread (`local-sync`) instead of queueing behind it.
+Threads: the runtime releases the GIL while a call runs. On `local-task` a lone
+call runs on the process's task executor (one worker per core). While calls
+overlap (and for `OVERLAP_WINDOW_S` after), and for a kernel that takes under
+`SMALL_CALL_S`, calls run on the calling thread (`local-sync`) instead: concurrent
+callers then each keep a core busy rather than queue on, or preempt, the executor.
 
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
@@ -29,6 +30,8 @@ INLINE = {"local-task": "local-sync"}
 SMALL_CALL_S = 2e-4
 #: Inline calls timed before a kernel is judged small or not.
 INLINE_PROBES = 3
+#: After two calls overlapped, every call runs inline for this long.
+OVERLAP_WINDOW_S = 0.1
 #: Drivers started afresh in a forked child; others (GPU drivers) do not survive fork.
 FORK_SAFE = ("local-task", "local-sync")
 
@@ -39,10 +42,31 @@ class _Process:
     def __init__(self, parent: "_Process | None" = None) -> None:
         self.lock = threading.RLock()
         self.configs: dict[str, object] = {}
-        #: Held by the one call running on the `local-task` executor.
-        self.task_slot = threading.Semaphore(1)
+        self.traffic = _Traffic()
         #: Drivers a parent process started before it forked this one.
         self.inherited: frozenset[str] = frozenset(parent.configs).union(parent.inherited) if parent else frozenset()
+
+
+class _Traffic:
+    """Calls in flight in this process, and when two last overlapped."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.overlap_at = -float("inf")
+
+    def enter(self) -> bool:
+        """Count a call in; True when it runs alone and no calls overlapped lately."""
+        now = time.monotonic()
+        with self.lock:
+            self.in_flight += 1
+            if self.in_flight > 1:
+                self.overlap_at = now
+            return now - self.overlap_at > OVERLAP_WINDOW_S
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
 
 
 _process = _Process()
@@ -148,22 +172,23 @@ class Executable:
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
     def _run(self, arrays):
-        """Run NumPy arrays on the task executor when it is free and the kernel is worth it, else inline."""
+        """Run NumPy arrays on the task executor when the call is alone and worth it, else inline."""
         inline = INLINE.get(self.driver)
         if inline is None:
             return self.invoke(*arrays)
-        slot = _process.task_slot
-        if self._inline_probes >= INLINE_PROBES and self._inline_s >= SMALL_CALL_S and slot.acquire(blocking=False):
-            try:
+        traffic = _process.traffic
+        alone = traffic.enter()
+        try:
+            if alone and self._inline_probes >= INLINE_PROBES and self._inline_s >= SMALL_CALL_S:
                 return self.invoke(*arrays)
-            finally:
-                slot.release()
-        start = time.perf_counter()
-        results = self._invoke(self._load(inline), arrays)
-        if self._inline_probes < INLINE_PROBES:
-            self._inline_s = min(self._inline_s, time.perf_counter() - start)
-            self._inline_probes += 1
-        return results
+            start = time.perf_counter()
+            results = self._invoke(self._load(inline), arrays)
+            if self._inline_probes < INLINE_PROBES:
+                self._inline_s = min(self._inline_s, time.perf_counter() - start)
+                self._inline_probes += 1
+            return results
+        finally:
+            traffic.leave()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         results = self._run(arrays)
