@@ -14,7 +14,8 @@ from portkern.portable.launch import Launch
 
 
 def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:
-    """The arguments as C-contiguous arrays, or a TypeError/ValueError naming the bad one."""
+    """The arguments as C-contiguous arrays, or a TypeError/ValueError naming the bad one
+    (two for a break of the shape contract)."""
     expected = signature.inputs
     if len(args) != len(expected):
         raise ArgumentTypeError(
@@ -40,6 +41,8 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
             got = "x".join(map(str, array.shape)) or "scalar"
             raise ArgumentShapeError(f"{kernel}() argument {index} must have shape {wanted}, got {got}")
         arrays.append(array if array.flags.c_contiguous else np.array(array, order="C"))
+    if signature.contract is not None:
+        signature.contract.bind(kernel, [a.shape for a in arrays])
     return arrays
 
 

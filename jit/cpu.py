@@ -9,6 +9,7 @@ import platform
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from portkern.cache.device import DeviceFingerprint
@@ -55,7 +56,8 @@ def host(store: Store | None = None) -> DeviceFingerprint:
 def resolve(cpu: str, store: Store | None = None) -> DeviceFingerprint:
     """The fingerprint of an LLVM CPU name ("host" for this machine's CPU)."""
     parts = ("cpu", cpu, host_identity() if cpu == "host" else "")
-    return DeviceFingerprint.from_dict(memoised(parts, lambda: _llvm_resolve(cpu).to_dict(), store))
+    fingerprint = DeviceFingerprint.from_dict(memoised(parts, lambda: _llvm_resolve(cpu).to_dict(), store))
+    return replace(fingerprint, features=unique_features(fingerprint.features))
 
 
 PROBE_TIMEOUT_S = 120
@@ -103,6 +105,18 @@ def _host_triple() -> str:
     arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
     system = platform.system().lower()
     return f"{arch}-unknown-{system}-gnu" if system == "linux" else f"{arch}-unknown-{system}"
+
+
+def unique_features(features: str) -> str:
+    """Each feature once, at its last mention: the one LLVM applies.
+
+    For the host, IREE lists the named CPU's own features and then every host feature;
+    the earlier mentions only re-enable what the CPU name already enables, so dropping
+    them leaves the generated code unchanged (tests/test_cpu_features.py compiles both).
+    """
+    items = [item.strip() for item in features.split(",") if item.strip()]
+    last = {item.lstrip("+-"): index for index, item in enumerate(items)}
+    return ",".join(item for index, item in enumerate(items) if last[item.lstrip("+-")] == index)
 
 
 def enabled_features(features: str) -> set[str]:

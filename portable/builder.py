@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from portkern.errors import BuildError
 from portkern.portable.bundle import Bundle, KernelRecord, Stage, sha256, write_bundle
 from portkern.portable.compiler import Compiler, bytecode
+from portkern.portable.contract_ir import build_contract
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
 from portkern.portable.lower import PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
@@ -53,7 +55,9 @@ def build_kernel(
                 if stage is not None:
                     stages.append(stage)
                     blobs[stage.blob] = data
-        record = KernelRecord(spec.name, spec.kind, lowered.entry, lowered.signature, tuple(stages), source_sha)
+        contract = build_contract(spec, compiler, lowered.source, lowered.entry, lowered.signature)
+        signature = replace(lowered.signature, contract=contract)
+        record = KernelRecord(spec.name, spec.kind, lowered.entry, signature, tuple(stages), source_sha)
         return record, blobs
     if spec.kind in ("opencl", "spirv"):
         from portkern.portable.opencl import build_opencl

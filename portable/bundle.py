@@ -28,6 +28,7 @@ from portkern.errors import (
     OversizeFieldError,
     UnsupportedVersionError,
 )
+from portkern.portable.contract import ShapeContract
 from portkern.portable.producer import Producer
 
 MAGIC = b"\x89PKB\r\n\x1a\n"
@@ -63,20 +64,37 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Signature:
-    """Arguments and results of a kernel's entry function."""
+    """Arguments and results of a kernel's entry function, and the shape contract that ties
+    their dimensions together (None when it could be neither derived nor stated)."""
 
     inputs: tuple[TensorSpec, ...]
     results: tuple[TensorSpec, ...]
+    contract: ShapeContract | None = None
 
     def to_dict(self) -> dict:
-        return {"inputs": [t.to_dict() for t in self.inputs], "results": [t.to_dict() for t in self.results]}
+        data = {"inputs": [t.to_dict() for t in self.inputs], "results": [t.to_dict() for t in self.results]}
+        if self.contract is not None:
+            data["contract"] = self.contract.to_dict()
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Signature":
-        return cls(
+        signature = cls(
             tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
             tuple(TensorSpec.from_dict(t) for t in data["results"]),
         )
+        if "contract" not in data:
+            return signature
+        contract = ShapeContract.from_dict(data["contract"])
+        problem = contract.problem([t.shape for t in signature.inputs], [t.shape for t in signature.results])
+        if problem is not None:
+            raise MalformedBundleError(f"shape contract {contract} does not fit the signature {signature}: {problem}")
+        return cls(signature.inputs, signature.results, contract)
+
+    @property
+    def contract_text(self) -> str:
+        """The contract as `(MxK, KxN) -> MxN`, or why calls are not checked."""
+        return str(self.contract) if self.contract is not None else "unchecked (no shape contract)"
 
     def __str__(self) -> str:
         return f"({', '.join(map(str, self.inputs))}) -> ({', '.join(map(str, self.results))})"

@@ -50,6 +50,8 @@ class Lowered:
     signature: Signature
     stage_bytes: bytes
     producer: Producer
+    #: The MLIR (text or bytecode) the stage was lowered from: the source, or the ONNX importer's output.
+    source: bytes = b""
 
 
 def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
@@ -65,7 +67,7 @@ def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
     except CompileError as exc:
         raise BuildError(f"{spec.source}: {str(exc).replace(chr(34) + '-' + chr(34), spec.source.name)}") from None
     data = bytecode(lowered)
-    return Lowered(entry, signature, data, current_producer(bytecode_version(data)))
+    return Lowered(entry, signature, data, current_producer(bytecode_version(data)), text)
 
 
 def import_onnx(path: Path) -> bytes:

@@ -73,6 +73,7 @@ def describe(bundle, path: Path) -> Report:
                 "entry": k.entry,
                 "signature": k.signature.to_dict(),
                 "signature_text": str(k.signature),
+                "contract_text": k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch description",
                 "stages": [s.to_dict() for s in k.stages],
                 "native": [n.to_dict() for n in k.native],
                 "launch": dict(k.launch),
@@ -90,8 +91,9 @@ def describe(bundle, path: Path) -> Report:
                 f"{s.family}/{s.phase}{' (placeholder)' if s.placeholder else ''} {human_size(s.size)}" for s in k.stages
             )
             native = ", ".join(f"{n.target} {human_size(n.size)}" for n in k.native) or "-"
-            rows.append([k.name, k.kind, k.entry, str(k.signature), stages, native])
-        out.print(table(None, ["kernel", "kind", "entry", "signature", "stages", "prebuilt"], rows))
+            contract = k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch (below)"
+            rows.append([k.name, k.kind, k.entry, str(k.signature), contract, stages, native])
+        out.print(table(None, ["kernel", "kind", "entry", "signature", "shape contract", "stages", "prebuilt"], rows))
         producers = sorted({f"{s.producer.compiler} {s.producer.version}" + (
             f" (bytecode v{s.producer.bytecode_version})" if s.producer.bytecode_version is not None else "")
             for k in bundle.kernels for s in k.stages})
