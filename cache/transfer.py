@@ -75,8 +75,9 @@ def export(store: Store, path: str | Path, *, device: str | None = None, keys: I
     return TransferReport(str(path), len(entries), len(records), sum(len(b) for b in blobs.values()))
 
 
-def import_(store: Store, path: str | Path) -> TransferReport:
-    """Add an export file's entries and tuning results to the store; refuse anything that does not check out."""
+def import_(store: Store, path: str | Path, *, device: str | None = None) -> TransferReport:
+    """Add an export file's entries and tuning results (optionally one device's) to the store;
+    refuse anything that does not check out."""
     path = Path(path)
     try:
         if path.stat().st_size > MAX_EXPORT_BYTES:
@@ -91,9 +92,12 @@ def import_(store: Store, path: str | Path) -> TransferReport:
         raise CacheError(f"{path}: {exc}") from None
     report = TransferReport(str(path))
     for item in meta["entries"]:
-        _import_entry(store, Entry(**item), blobs, report)
+        if device is None or matches_device(item["device"], device):
+            _import_entry(store, Entry(**item), blobs, report)
     for item in meta["records"]:
         record = item["record"]
+        if device is not None and not matches_device(record["device"], device):
+            continue
         device = DeviceFingerprint.from_dict(record["device"])
         if tuning_key(record["problem"], device, record["compiler"]) != item["key"]:
             report.rejected.append(f"tuning result {item['key'][:12]}: key does not match its problem/device/compiler")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import asdict
 from pathlib import Path
 
 from portkern.cli.common import Report, add_json, human_size, table
@@ -36,6 +37,7 @@ def run_build(args: argparse.Namespace) -> Report:
             console(stderr=True).print(text)
 
     finish = None
+    failures: list = []
     if args.prebuild:
         from portkern.jit.devices import resolve, split
         from portkern.jit.prebuild import prebuild
@@ -43,11 +45,24 @@ def run_build(args: argparse.Namespace) -> Report:
         targets = [resolve(spec) for spec in split(args.prebuild)]  # bad names fail before the build
 
         def finish(bundle):
-            return prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
+            done = prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
+            failures.extend(done.failures)
+            return done.bundle
 
     bundle = build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
     report = describe(bundle, args.output)
     report.data["written"] = str(args.output)
+    report.data["prebuild_failures"] = [asdict(f) for f in failures]
+    if failures:
+        shown = report.render
+
+        def render(out):
+            shown(out)
+            for failure in failures:
+                out.print(f"[red]prebuild failed[/red]: {failure.kernel} for {failure.target}: {failure.error}")
+            out.print(f"{len(failures)} prebuild(s) failed; the bundle holds the native code that was built")
+
+        report = Report(report.data, render, status=1)
     return report
 
 

@@ -7,8 +7,11 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, human_age, human_size, store_from, table
+from portkern.cli.common import Report, add_cache_dir, add_json, device_filter, human_age, human_size, store_from, table
 from portkern.errors import CacheError
+
+
+DEVICE_HELP = "only this device: any spelling `finalize --target` takes (gfx942, amdgpu:gfx942, cpu:znver4, cpu), or a fingerprint prefix"
 
 
 def register(sub) -> None:
@@ -23,7 +26,7 @@ def register(sub) -> None:
         return p
 
     ls = action("ls", "list cached native code", run_ls)
-    ls.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    ls.add_argument("--device", help=DEVICE_HELP)
     show = action("show", "everything about one entry", run_show)
     show.add_argument("key", help="entry key or a unique prefix of it")
     action("stats", "entries, bytes, hits and misses, per device", run_stats)
@@ -32,12 +35,13 @@ def register(sub) -> None:
     prune.add_argument("--max-size", help="evict least recently used entries until the cache fits, e.g. 500MB")
     prune.add_argument("--older-than", help="evict entries not used for this long, e.g. 30d, 12h")
     clear = action("clear", "remove everything, or one device's entries", run_clear)
-    clear.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    clear.add_argument("--device", help=DEVICE_HELP)
     export = action("export", "write native code and tuning results to a file", run_export)
     export.add_argument("file", type=Path)
-    export.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    export.add_argument("--device", help=DEVICE_HELP)
     imp = action("import", "add an exported file's entries to this cache", run_import)
     imp.add_argument("file", type=Path)
+    imp.add_argument("--device", help=DEVICE_HELP)
 
 
 def entries_table(title: str, entries: list):
@@ -54,7 +58,8 @@ def run_ls(args: argparse.Namespace) -> Report:
     from portkern.cache.store import matches_device
 
     store = store_from(args)
-    entries = [e for e in store.entries() if args.device is None or matches_device(e.device, args.device)]
+    wanted = device_filter(args.device, store)
+    entries = [e for e in store.entries() if wanted is None or matches_device(e.device, wanted)]
     return Report([asdict(e) for e in entries], lambda out: out.print(entries_table(f"{store.directory}: {len(entries)} entries", entries)))
 
 
@@ -130,7 +135,8 @@ def run_prune(args: argparse.Namespace) -> Report:
 
 
 def run_clear(args: argparse.Namespace) -> Report:
-    removed = store_from(args).clear(args.device)
+    store = store_from(args)
+    removed = store.clear(device_filter(args.device, store))
     what = f"entries of {args.device}" if args.device else "entries (and all tuning results)"
     return Report({"removed": removed, "device": args.device}, lambda out: out.print(f"removed {removed} {what}"))
 
@@ -138,7 +144,8 @@ def run_clear(args: argparse.Namespace) -> Report:
 def run_export(args: argparse.Namespace) -> Report:
     from portkern.cache.transfer import export
 
-    report = export(store_from(args), args.file, device=args.device)
+    store = store_from(args)
+    report = export(store, args.file, device=device_filter(args.device, store))
     return Report(report.to_dict(), lambda out: out.print(
         f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}"))
 
@@ -146,7 +153,8 @@ def run_export(args: argparse.Namespace) -> Report:
 def run_import(args: argparse.Namespace) -> Report:
     from portkern.cache.transfer import import_
 
-    report = import_(store_from(args), args.file)
+    store = store_from(args)
+    report = import_(store, args.file, device=device_filter(args.device, store))
 
     def render(out):
         for reason in report.rejected:
