@@ -98,8 +98,8 @@ def import_(store: Store, path: str | Path, *, device: str | None = None) -> Tra
         record = item["record"]
         if device is not None and not matches_device(record["device"], device):
             continue
-        device = DeviceFingerprint.from_dict(record["device"])
-        if tuning_key(record["problem"], device, record["compiler"]) != item["key"]:
+        fingerprint = DeviceFingerprint.from_dict(record["device"])
+        if tuning_key(record["problem"], fingerprint, record["compiler"]) != item["key"]:
             report.rejected.append(f"tuning result {item['key'][:12]}: key does not match its problem/device/compiler")
             continue
         if store.put_record("t", item["key"], record):
