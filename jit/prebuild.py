@@ -1,7 +1,8 @@
 """Prebuilt native code in a bundle: each MLIR kernel finalised for named targets, like a fat binary.
 
-The loader serves a prebuilt slice only to a device whose fingerprint equals
-the one recorded with it, and finalises the portable stage otherwise. A kernel
+The loader serves a prebuilt slice to a device whose fingerprint equals the
+one recorded with it (a CPU slice also to a host CPU with all its features),
+and finalises the portable stage otherwise. A kernel
 that fails for a target is reported and left without that slice; the others
 are still built.
 """

@@ -72,6 +72,14 @@ def run_inspect(args: argparse.Namespace) -> Report:
     return describe(read_bundle(args.bundle), args.bundle)
 
 
+def serves(device: dict) -> str:
+    """Which hosts native code built for this device (a fingerprint as plain data) is served to."""
+    from portkern.cache.device import DeviceFingerprint
+    from portkern.jit.cpu import serves as hosts_served
+
+    return hosts_served(DeviceFingerprint.from_dict(device))
+
+
 def describe(bundle, path: Path) -> Report:
     """A bundle's kernels, stages, native slices, producers and digest."""
     size = path.stat().st_size if path.exists() else None
@@ -90,7 +98,7 @@ def describe(bundle, path: Path) -> Report:
                 "signature_text": str(k.signature),
                 "contract_text": k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch description",
                 "stages": [s.to_dict() for s in k.stages],
-                "native": [n.to_dict() for n in k.native],
+                "native": [{**n.to_dict(), "serves": serves(n.device)} for n in k.native],
                 "launch": dict(k.launch),
             }
             for k in bundle.kernels
@@ -105,7 +113,7 @@ def describe(bundle, path: Path) -> Report:
             stages = ", ".join(
                 f"{s.family}/{s.phase}{' (placeholder)' if s.placeholder else ''} {human_size(s.size)}" for s in k.stages
             )
-            native = ", ".join(f"{n.target} {human_size(n.size)}" for n in k.native) or "-"
+            native = ", ".join(f"{n.target} {human_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
             contract = k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch (below)"
             rows.append([k.name, k.kind, k.entry, str(k.signature), contract, stages, native])
         out.print(table(None, ["kernel", "kind", "entry", "signature", "shape contract", "stages", "prebuilt"], rows))

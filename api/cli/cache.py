@@ -64,15 +64,19 @@ def register(sub) -> None:
     imp.add_argument("--device", help=DEVICE_HELP)
 
 
-def entries_table(title: str, entries: list):
-    """The `cache ls` table of cache entries."""
+def entries_table(title: str, entries: list, serves: list[str] | None = None):
+    """The `cache ls` table of cache entries (with which hosts each serves, when given)."""
     now = time.time()
     rows = [
         [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now),
          human_age(e.last_used, now), e.hits]
         for e in entries
     ]
-    return table(title, ["key", "kernel", "bundle", "device", "config", "size", "age", "used", "hits"], rows)
+    columns = ["key", "kernel", "bundle", "device", "config", "size", "age", "used", "hits"]
+    if serves is not None:
+        rows = [row + [text] for row, text in zip(rows, serves)]
+        columns.append("serves")
+    return table(title, columns, rows)
 
 
 def run_ls(args: argparse.Namespace) -> Report:
@@ -83,7 +87,11 @@ def run_ls(args: argparse.Namespace) -> Report:
     entries = store.entries(where, limit=None if args.all else args.limit)
     total = store.count(where)
     shown = f"{len(entries)} entries" if len(entries) == total else f"the {len(entries)} most recently used of {total} entries (--all for all)"
-    return Report([asdict(e) for e in entries], lambda out: out.print(entries_table(f"{store.directory}: {shown}", entries)))
+    from portkern.cli.build import serves as hosts_served
+
+    served = [hosts_served(e.device) for e in entries]
+    data = [{**asdict(e), "serves": text} for e, text in zip(entries, served)]
+    return Report(data, lambda out: out.print(entries_table(f"{store.directory}: {shown}", entries, served)))
 
 
 def run_show(args: argparse.Namespace) -> Report:
