@@ -74,7 +74,7 @@ def test_export_and_import_take_every_target_spelling(fleet_export, tmp_path, ca
     cache = str(fleet_export / "cache")
     status, exported = run(capsys, "cache", "export", str(tmp_path / "one.pkc"), "--device", spelling, "--cache-dir", cache)
     assert status == 0 and exported["entries"] == 1
-    status, imported = run(capsys, "cache", "import", str(fleet_export / "fleet.pkc"), "--device", spelling, "--cache-dir", str(tmp_path / "c"))
+    status, imported = run(capsys, "cache", "import", str(fleet_export / "fleet.pkc"), "--allow-unsigned", "--device", spelling, "--cache-dir", str(tmp_path / "c"))
     assert status == 0 and imported["entries"] == 1
     status, listed = run(capsys, "cache", "ls", "--cache-dir", str(tmp_path / "c"))
     assert [e["device_label"] for e in listed] == ["amdgpu:gfx942"]
