@@ -6,7 +6,7 @@ import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
 from portkern.cache.store import CacheWarning, Entry, Store, default_store
 from portkern.errors import DeviceError, KernelRuntimeError, TuningError
-from portkern.jit import devices
+from portkern.jit import buckets, devices
 from portkern.jit.args import check_arguments
 from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
@@ -112,12 +112,16 @@ class LoadedBundle:
     def record(self, name: str) -> KernelRecord:
         return self.bundle.kernel(name)
 
-    def kernel(self, name: str, device: str = "cpu", tune: str | None = None) -> "Kernel":
+    def kernel(self, name: str, device: str = "cpu", tune: str | None = None, shapes: Sequence | None = None) -> "Kernel":
         """A callable kernel for a device on this machine.
 
         `tune=None` never searches: it uses the config stored for this device
         by an earlier tuning run, else the compiler's default. `tune="quick"`,
         `"full"`, ... tune now (unless a result is stored) and store the winner.
+        For a kernel with dynamic dimensions, `shapes=[...]` (one entry per
+        shape: a shape per argument, or {argument name: shape}) tunes now for
+        those shapes' buckets; calls in a tuned bucket run its code, others the
+        dynamic default.
         """
         record = self.record(name)
         target = devices.resolve(device, self.store)
@@ -129,6 +133,13 @@ class LoadedBundle:
         check_toolchain(record, target)
         if not toolchain_for(record).tunable and tune not in NO_SEARCH:
             raise TuningError(f"{name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
+        buckets = None
+        if shapes is not None:
+            if tune in NO_SEARCH:
+                raise TuningError(f"shapes= says what to tune {name!r} for; it needs a tuning strategy (tune='quick', ...)")
+            from portkern.tuner.session import tune_kernel_shapes
+
+            buckets = tune_kernel_shapes(self, record, target, tune, shapes)
         config, tuning = self.config_for(record, target, tune)
         native = self.native(record, target, config)
         if tuning is not None and tuning.source == "search":
@@ -142,7 +153,15 @@ class LoadedBundle:
             self.store.delete(native.key)
             native = self.native(record, target, config)
             executable = self._executable(record, target, native)
-        return Kernel(record, target, native, executable, tuning)
+        return Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets)
+
+    def _bucket_table(self, record: KernelRecord, target: Target) -> dict:
+        """The tuned buckets' code of a kernel with dynamic dimensions (empty when none is tuned)."""
+        contract = record.signature.contract
+        if contract is None or not contract.symbols or not toolchain_for(record).tunable:
+            return {}
+        problem = buckets.index_problem(selection_problem(record, target))
+        return buckets.load_table(self, record, target, self.store.get_tuning(problem, target.fingerprint, compiler_id(record)))
 
     def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, "TuneResult | None"]:
         """The perf config to use (stored selection, default, or a fresh tuning result),
@@ -256,13 +275,20 @@ class LoadedBundle:
 class Kernel:
     """A kernel finalised for one device; call it with NumPy arrays."""
 
-    def __init__(self, record: KernelRecord, target: Target, native: Native, executable, tuning: "TuneResult | None" = None) -> None:
+    def __init__(
+        self, record: KernelRecord, target: Target, native: Native, executable, tuning: "TuneResult | None" = None,
+        table: dict | None = None, bucket_tuning: list | None = None,
+    ) -> None:
         self.record = record
         self.target = target
         self.native = native
         self._executable = executable
         #: The tuning result, when `kernel(..., tune=...)` asked for one.
         self.tuning = tuning
+        #: Bucket label -> the bucket's tuned code (kernels with dynamic dimensions).
+        self.buckets: dict = table or {}
+        #: Per shape, what `kernel(..., shapes=[...])` found (tuner.buckets.BucketResult).
+        self.bucket_tuning = bucket_tuning or []
 
     @property
     def name(self) -> str:
@@ -286,8 +312,23 @@ class Kernel:
 
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         arrays = check_arguments(self.name, self.signature, args)
-        results = self._executable(*arrays)
+        executable = self._executable
+        if self.buckets:
+            _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])
+            executable = code.executable if code is not None else executable
+        results = executable(*arrays)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def code_for(self, *args: np.ndarray) -> dict:
+        """Which code a call with these arguments runs: its bucket, origin and config."""
+        arrays = check_arguments(self.name, self.signature, args)
+        contract = self.signature.contract
+        if contract is None or not contract.symbols:
+            return {"bucket": "", "code": "static" if contract is not None else "unchecked", "origin": self.origin, "config": self.config}
+        label, code = buckets.pick(contract, self.buckets, self.name, [a.shape for a in arrays])
+        if code is None:
+            return {"bucket": label, "code": "dynamic", "origin": self.origin, "config": self.config}
+        return {"bucket": label, "code": "specialised", "origin": code.native.origin, "config": code.record.config, "values": dict(code.record.values)}
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name} {self.signature} on {self.device} config={self.config} from {self.origin}>"

@@ -12,18 +12,23 @@ is checked against it before anything runs. Nothing here parses MLIR.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
 from portkern.errors import ArgumentShapeError
 
 #: One dimension: a size, or a symbol.
 Dim = Union[int, str]
+#: A bucketing rule: "pow2", "exact", or ascending upper bounds.
+Rule = Union[str, tuple[int, ...]]
 
 SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 MAX_SYMBOLS = 256
 #: Where a contract came from: derived from the IR, or stated (manifest `shapes:`, ONNX `dim_param`) and checked against it.
 ORIGINS = ("ir", "stated")
+#: The default bucketing rule of a symbol: powers of two, clamped to [1, POW2_MAX].
+POW2_MAX = 1 << 16
+MAX_BOUNDS = 64
 
 
 class UncheckedShapesWarning(UserWarning):
@@ -37,6 +42,10 @@ class ShapeContract:
     inputs: tuple[tuple[Dim, ...], ...]
     results: tuple[tuple[Dim | None, ...], ...]
     origin: str = "ir"
+    #: Per symbol, how its sizes are grouped into buckets (default "pow2"; see `bucket_of`).
+    buckets: Mapping[str, "Rule"] = field(default_factory=dict)
+    #: The arguments' names (the source's `%names`, ONNX input names), when known.
+    names: tuple[str, ...] = ()
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -76,8 +85,31 @@ class ShapeContract:
         """Result shapes for bound symbols (None where no argument fixes a dimension)."""
         return [tuple(d if not isinstance(d, str) else values.get(d) for d in shape) for shape in self.results]
 
+    def bucket_of(self, values: Mapping[str, int]) -> str:
+        """The bucket of a call's symbol values, e.g. `M<=64`, `M=50`, `M>2048,N<=8`; "" without symbols.
+
+        "pow2" puts a size in the bucket of the next power of two (clamped to
+        POW2_MAX); "exact" gives each size its own bucket; a list of bounds puts
+        it in the bucket of the first bound it does not exceed.
+        """
+        return ",".join(_bucket(symbol, values[symbol], self.buckets.get(symbol, "pow2")) for symbol in self.symbols if symbol in values)
+
+    def arg_index(self, name: str) -> int | None:
+        """The argument a name (`a`, `arg0`, `0`) refers to, None when none."""
+        if name in self.names:
+            return self.names.index(name)
+        for prefix in ("arg", ""):
+            if name.startswith(prefix) and name[len(prefix):].isdigit() and int(name[len(prefix):]) < len(self.inputs):
+                return int(name[len(prefix):])
+        return None
+
     def to_dict(self) -> dict:
-        return {"inputs": [list(s) for s in self.inputs], "results": [list(s) for s in self.results], "origin": self.origin}
+        data = {"inputs": [list(s) for s in self.inputs], "results": [list(s) for s in self.results], "origin": self.origin}
+        if self.buckets:
+            data["buckets"] = {k: (v if isinstance(v, str) else list(v)) for k, v in self.buckets.items()}
+        if self.names:
+            data["names"] = list(self.names)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "ShapeContract":
@@ -86,6 +118,8 @@ class ShapeContract:
             tuple(tuple(s) for s in data["inputs"]),
             tuple(tuple(s) for s in data["results"]),
             data.get("origin", "ir"),
+            {k: (v if isinstance(v, str) else tuple(v)) for k, v in data.get("buckets", {}).items()},
+            tuple(data.get("names", ())),
         )
 
     def problem(self, inputs: Sequence[Sequence[int | None]], results: Sequence[Sequence[int | None]]) -> str | None:
@@ -109,6 +143,14 @@ class ShapeContract:
             return f"result symbols {', '.join(unbound)} are not bound by any argument"
         if len(self.symbols) > MAX_SYMBOLS:
             return f"more than {MAX_SYMBOLS} symbols"
+        for symbol, rule in self.buckets.items():
+            if symbol not in self.symbols:
+                return f"a bucketing rule for {symbol}, which is not a symbol of the arguments"
+            problem = rule_problem(rule)
+            if problem:
+                return f"bucketing rule of {symbol}: {problem}"
+        if self.names and len(self.names) != len(self.inputs):
+            return f"{len(self.names)} argument names for {len(self.inputs)} arguments"
         return None
 
     def __str__(self) -> str:
@@ -121,3 +163,27 @@ class ShapeContract:
 def shape_text(shape: Sequence[Dim | None]) -> str:
     """`MxK`, `Mx256`, `?x4` (unknown), `scalar` (0-d)."""
     return "x".join("?" if d is None else str(d) for d in shape) or "scalar"
+
+
+def rule_problem(rule: Rule) -> str | None:
+    """What is wrong with a bucketing rule, None when nothing."""
+    if isinstance(rule, str):
+        return None if rule in ("pow2", "exact") else f"{rule!r} is not pow2, exact or a list of bounds"
+    bounds = list(rule)
+    if not bounds or len(bounds) > MAX_BOUNDS or any(type(b) is not int or b < 1 for b in bounds):
+        return f"bounds must be 1 to {MAX_BOUNDS} positive integers"
+    if bounds != sorted(set(bounds)):
+        return "bounds must be ascending, without repeats"
+    return None
+
+
+def _bucket(symbol: str, size: int, rule: Rule) -> str:
+    if rule == "exact":
+        return f"{symbol}={size}"
+    if rule == "pow2":
+        bound = 1 << max(0, int(size) - 1).bit_length()
+        return f"{symbol}<={bound}" if bound <= POW2_MAX else f"{symbol}>{POW2_MAX}"
+    for bound in rule:
+        if size <= bound:
+            return f"{symbol}<={bound}"
+    return f"{symbol}>{rule[-1]}"

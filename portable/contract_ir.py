@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Hashable, Mapping, Sequence
 
@@ -58,6 +58,8 @@ def build_contract(spec: KernelSpec, compiler: Compiler, source: bytes | str, en
     apply_stated(derivation, stated, lambda atom: f"{spec.source}: kernel {spec.name!r}: {where(atom)}")
     manifest_says = "shapes" in spec.options
     if derivation.unexpressible is not None and not manifest_says:
+        if spec.options.get("buckets"):
+            raise BuildError(f"{spec.source}: kernel {spec.name!r}: `buckets:` needs a shape contract; state it with `shapes:`")
         warnings.warn(
             f"kernel {spec.name!r}: its shape contract cannot be derived ({derivation.unexpressible}), so calls "
             f"with dynamic shapes cannot be checked; state it with `shapes:` in the manifest",
@@ -65,7 +67,24 @@ def build_contract(spec: KernelSpec, compiler: Compiler, source: bytes | str, en
             stacklevel=2,
         )
         return None
-    return contract_of(derivation, "stated" if manifest_says else "ir")
+    contract = contract_of(derivation, "stated" if manifest_says else "ir")
+    named = tuple(inputs) if inputs != [f"arg{i}" for i in range(len(inputs))] else ()
+    contract = replace(contract, names=named, buckets=bucket_rules(spec, contract))
+    problem = contract.problem([t.shape for t in signature.inputs], [t.shape for t in signature.results])
+    if problem is not None:
+        raise BuildError(f"{spec.source}: kernel {spec.name!r}: shape contract {contract}: {problem}")
+    return contract
+
+
+def bucket_rules(spec: KernelSpec, contract: ShapeContract) -> dict:
+    """The manifest's `buckets:` rules, for symbols the contract has."""
+    rules = {}
+    for symbol, rule in (spec.options.get("buckets") or {}).items():
+        if symbol not in contract.symbols:
+            known = ", ".join(contract.symbols) or "none"
+            raise BuildError(f"{spec.source}: kernel {spec.name!r}: `buckets:` names {symbol!r}, which is not a symbol of {contract} (symbols: {known})")
+        rules[symbol] = rule if isinstance(rule, str) else tuple(rule)
+    return rules
 
 
 def argument_names(spec: KernelSpec, source: bytes | str, entry: str, n_inputs: int, n_results: int) -> tuple[list[str], list[str]]:

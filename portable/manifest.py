@@ -105,11 +105,12 @@ def _check_launch(kind: str, source: Path, options: dict, index: int, lines: dic
     """
     from portkern.portable.launch import MANIFEST_KEYS, dotted, from_manifest, where_of
 
-    if kind in ("opencl", "spirv") and "shapes" in options:
-        raise ManifestError(
-            f"{path}:{_line(lines, ('kernels', index, 'shapes'))}: kernels[{index}].shapes: "
-            f"{kind} kernels state their shapes in `args:`"
-        )
+    for key in ("shapes", "buckets"):
+        if kind in ("opencl", "spirv") and key in options:
+            raise ManifestError(
+                f"{path}:{_line(lines, ('kernels', index, key))}: kernels[{index}].{key}: "
+                f"{kind} kernels state their shapes in `args:` and are not tuned"
+            )
     if kind not in ("opencl", "spirv"):
         for key in sorted(set(options) & set(MANIFEST_KEYS)):
             raise ManifestError(

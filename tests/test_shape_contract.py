@@ -82,11 +82,11 @@ def matmul_bundle(tmp_path_factory):
 
 def test_matmul_contract_is_derived_and_shown(matmul_bundle, capsys):
     contract = portkern.load(matmul_bundle).record("matmul").signature.contract
-    assert contract == ShapeContract((("M", "K"), ("K", "N")), (("M", "N"),), "ir")
+    assert contract == ShapeContract((("M", "K"), ("K", "N")), (("M", "N"),), "ir", names=("a", "b"))
     assert main(["inspect", str(matmul_bundle), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)["kernels"][0]
     assert shown["contract_text"] == "(MxK, KxN) -> MxN"
-    assert shown["signature"]["contract"] == {"inputs": [["M", "K"], ["K", "N"]], "results": [["M", "N"]], "origin": "ir"}
+    assert shown["signature"]["contract"] == {"inputs": [["M", "K"], ["K", "N"]], "results": [["M", "N"]], "origin": "ir", "names": ["a", "b"]}
     assert main(["inspect", str(matmul_bundle)]) == 0
     assert "(MxK, KxN) -> MxN" in capsys.readouterr().out
 

@@ -16,6 +16,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from portkern.errors import TuningError
 from portkern.portable.bundle import Signature
 
 WARMUP = 3
@@ -66,7 +67,9 @@ def make_inputs(signature: Signature, seed: int = 0) -> list[np.ndarray]:
     """Random inputs for a kernel signature: floats uniform in [-1, 1), small integers."""
     rng = np.random.default_rng(seed)
     arrays = []
-    for spec in signature.inputs:
+    for index, spec in enumerate(signature.inputs):
+        if any(d is None for d in spec.shape):
+            raise TuningError(f"argument {index} has a dynamic dimension ({spec}); inputs need sizes (tune per shape bucket)")
         shape = tuple(spec.shape)
         dtype = np.dtype(spec.dtype)
         if dtype.kind == "f":

@@ -19,13 +19,14 @@ import time
 from typing import Callable
 
 from portkern.cache.keys import tuning_key
-from portkern.errors import PerfConfigError
+from portkern.errors import PerfConfigError, TuningError
 from portkern.jit import finalize
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord
 from portkern.portable.compiler import bytecode
 from portkern.tuner import dispatch as dispatches_of
 from portkern.tuner import kernel_config, perfconfig, strategies
+from portkern.tuner.buckets import tune_shapes
 from portkern.tuner.db import TuningDB, result_from_selection, satisfies
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.evaluate import Evaluator
@@ -92,6 +93,10 @@ class Tuner:
         check_toolchain(record, target)
         if module.LEVEL == 0:
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default")
+        dynamic = _dynamic_dimension(record)
+        if dynamic:
+            note = f"{dynamic} is dynamic: the dynamic default runs; tune per shape bucket with shapes=[...] (portkern tune --shapes)"
+            return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=note)
         db = TuningDB(loaded.store, compiler_id(record))
         problem = selection_problem(record, target)
         stored = None if retune else db.selection(problem, target)
@@ -107,6 +112,17 @@ class Tuner:
         # Stored even when nothing was worth tuning, so the next call need not analyse the kernel again.
         db.put_selection(problem, target, loaded.bundle.name, result)
         return result
+
+
+def _dynamic_dimension(record: KernelRecord) -> str:
+    """The first dynamic argument dimension, described ("" when every dimension is static)."""
+    contract = record.signature.contract
+    for index, spec in enumerate(record.signature.inputs):
+        for axis, size in enumerate(spec.shape):
+            if size is None:
+                symbol = f" ({contract.inputs[index][axis]})" if contract is not None else ""
+                return f"argument {index} dimension {axis}{symbol}"
+    return ""
 
 
 def _valid(config: str) -> bool:
@@ -260,6 +276,19 @@ def shared_tuner() -> Tuner:
 def tune_kernel(loaded, record: KernelRecord, target: Target, strategy: str = "quick", **options) -> TuneResult:
     """Tune (or look up) a kernel's config on a target; `result.config` is its config string."""
     return shared_tuner().tune(loaded, record, target, strategy, **options)
+
+
+def tune_kernel_shapes(loaded, record: KernelRecord, target: Target, strategy: str, shapes, tuner: Tuner | None = None, **options):
+    """Tune a kernel with dynamic dimensions for each of `shapes`, per bucket (see `tuner.buckets`)."""
+    from portkern.jit.loader import compiler_id, selection_problem
+
+    tuner = tuner or shared_tuner()
+    if not strategies.get(strategy).LEVEL:
+        raise TuningError(f"strategy {strategy!r} does not search; tuning for shapes needs one that does (e.g. quick)")
+    return tune_shapes(
+        loaded, record, target, strategy, shapes, tune=tuner.tune, problem=selection_problem(record, target),
+        compiler=compiler_id(record), **{"min_gain": MIN_GAIN, **options},
+    )
 
 
 def compile_config(bundle: Bundle, record: KernelRecord, target: Target, config: str) -> bytes:

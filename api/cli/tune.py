@@ -22,6 +22,11 @@ def register(sub) -> None:
     tune.add_argument("--time-limit", type=float, metavar="S", help="stop searching after S seconds in all")
     tune.add_argument("--workers", type=int, metavar="N", help="parallel compile workers (default: one per core)")
     tune.add_argument("--retune", action="store_true", help="search again even when a result is stored")
+    tune.add_argument(
+        "--shapes", action="append", metavar="ARG=SHAPE[,SHAPE...]",
+        help="kernels with dynamic dimensions: tune per shape bucket for these shapes, e.g. a=1x256,64x256,2048x256 "
+        "(repeat for more arguments; the i-th shapes of every argument form one call)",
+    )
     add_cache_dir(tune)
     add_json(tune)
     tune.set_defaults(handler=run_tune)
@@ -41,6 +46,8 @@ def run_tune(args: argparse.Namespace) -> Report:
     target = devices.resolve(args.device, store)
     if not target.runnable:
         raise TuningError(f"cannot tune for {target.label} here: {target.reason}")
+    if args.shapes:
+        return _tune_shapes(args, bundle, records, target)
     results = []
     deadline = time.perf_counter() + args.time_limit if args.time_limit else None
     with Tuner(workers=args.workers) as tuner, _progress(disabled=args.json) as show:
@@ -65,6 +72,54 @@ def run_tune(args: argparse.Namespace) -> Report:
         out.print(table(f"{args.strategy} tuning on {target.label}", columns, rows))
         for r in results:
             out.print(f"{r.kernel}: {r.config}  ({_ms(r.default_s)} -> {_ms(r.best_s)} ms, {_speedup(r.speedup)}, {r.source}, {r.wall_s:.1f} s)")
+
+    return Report(data, render)
+
+
+def parse_shapes(items: list[str]) -> list[dict[str, tuple[int, ...]]]:
+    """`--shapes a=1x256,64x256 --shapes b=...` as one {argument: shape} per call."""
+    lists: dict[str, list[tuple[int, ...]]] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.strip() or not text.strip():
+            raise TuningError(f"--shapes {item!r}: expected ARG=SHAPE[,SHAPE...], e.g. a=1x256,64x256")
+        try:
+            shapes = [tuple(int(d) for d in part.strip().split("x")) if part.strip() not in ("", "scalar") else () for part in text.split(",")]
+        except ValueError:
+            raise TuningError(f"--shapes {item!r}: a shape is sizes joined by x, e.g. 64x256") from None
+        if name.strip() in lists:
+            raise TuningError(f"--shapes names {name.strip()!r} twice")
+        lists[name.strip()] = shapes
+    counts = {len(v) for v in lists.values()} - {1}
+    if len(counts) > 1:
+        raise TuningError(f"--shapes: arguments list different numbers of shapes ({', '.join(f'{k}: {len(v)}' for k, v in lists.items())})")
+    calls = max(counts, default=1)
+    return [{name: shapes[i if len(shapes) > 1 else 0] for name, shapes in lists.items()} for i in range(calls)]
+
+
+def _tune_shapes(args: argparse.Namespace, bundle, records, target) -> Report:
+    """`portkern tune --shapes`: per-bucket tuning of kernels with dynamic dimensions."""
+    from portkern.tuner.session import Tuner, tune_kernel_shapes
+
+    shapes = parse_shapes(args.shapes)
+    if not args.kernel:
+        raise TuningError("--shapes needs --kernel: the shapes belong to one kernel's arguments")
+    found = []
+    with Tuner(workers=args.workers) as tuner, _progress(disabled=args.json) as show:
+        for record in records:
+            found += tune_kernel_shapes(
+                bundle, record, target, args.strategy, shapes, tuner=tuner, budget=args.budget, time_limit=args.time_limit,
+                retune=args.retune, progress=show,
+            )
+    data = [{k: v for k, v in r.to_dict().items() if k != "tuning"} for r in found]
+
+    def render(out):
+        rows = [
+            [r.kernel, r.bucket, ", ".join(f"{k}={v}" for k, v in r.values.items()), _ms(r.default_s), _ms(r.best_s), _speedup(r.speedup), r.code, r.config]
+            for r in found
+        ]
+        columns = ["kernel", "bucket", "tuned for", "dynamic ms", "bucket ms", "speedup", "code", "config"]
+        out.print(table(f"{args.strategy} tuning per shape bucket on {target.label}", columns, rows))
 
     return Report(data, render)
 
