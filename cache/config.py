@@ -5,12 +5,16 @@ Mirrors what users know from CUDA's and AMD's JIT caches:
 - `PORTKERN_CACHE_DIR`: the directory (default: the platform's user cache dir).
 - `PORTKERN_CACHE_DISABLE=1`: no cache at all; every kernel is finalised anew.
 - `PORTKERN_CACHE_MAXSIZE`: size budget, e.g. `2GB`, `512MiB`, `1000000` (bytes).
+
+A setting that cannot be read costs one `CacheWarning` and its default, never a
+failed `load`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +40,13 @@ _UNITS = {
     "GIB": 1 << 30,
     "TIB": 1 << 40,
 }
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+class CacheWarning(UserWarning):
+    """The cache (or one of its entries or settings) could not be used; kernels still run."""
 
 
 @dataclass(frozen=True)
@@ -70,10 +81,49 @@ def default_directory() -> Path:
     return Path(platformdirs.user_cache_dir("portkern", appauthor=False))
 
 
+_warned: set[tuple[str, str]] = set()
+
+
+def setting_warning(name: str, value: str, consequence: str) -> None:
+    """Warn once per process about an environment setting that cannot be used as given."""
+    if (name, value) not in _warned:
+        _warned.add((name, value))
+        warnings.warn(f"{name}={value!r} {consequence}", CacheWarning, stacklevel=3)
+
+
+def env_flag(name: str, default: bool = False) -> bool:
+    """A boolean environment variable: 1/0, true/false, yes/no, on/off (any case); unset or empty
+    is `default`, anything else is one warning and `default`."""
+    raw = os.environ.get(name, "")
+    text = raw.strip().lower()
+    if not text:
+        return default
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    setting_warning(name, raw, f"is not one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}; ignored ({'on' if default else 'off'})")
+    return default
+
+
+def _max_size() -> int:
+    raw = os.environ.get("PORTKERN_CACHE_MAXSIZE", "")
+    if not raw.strip():
+        return DEFAULT_MAX_SIZE
+    try:
+        return parse_size(raw)
+    except CacheError:
+        setting_warning("PORTKERN_CACHE_MAXSIZE", raw, f"is not a size (examples: 2GB, 512MiB, 1000000); using {DEFAULT_MAX_SIZE} bytes")
+        return DEFAULT_MAX_SIZE
+
+
+def _directory() -> Path:
+    raw = os.environ.get("PORTKERN_CACHE_DIR")
+    if raw is not None and not raw.strip():
+        setting_warning("PORTKERN_CACHE_DIR", raw, f"is empty; using the default cache directory {default_directory()}")
+    return Path(raw) if raw and raw.strip() else default_directory()
+
+
 def from_env(directory: str | Path | None = None) -> CacheConfig:
-    """Settings from arguments first, then `PORTKERN_CACHE_*`, then defaults."""
-    env = os.environ
-    base = Path(directory or env.get("PORTKERN_CACHE_DIR") or default_directory())
-    disabled = env.get("PORTKERN_CACHE_DISABLE", "").strip().lower() in ("1", "true", "yes", "on")
-    max_size = parse_size(env["PORTKERN_CACHE_MAXSIZE"]) if env.get("PORTKERN_CACHE_MAXSIZE") else DEFAULT_MAX_SIZE
-    return CacheConfig(base / LAYOUT, max_size, disabled)
+    """Settings from arguments first, then `PORTKERN_CACHE_*`, then defaults. Never raises:
+    unreadable settings warn once and fall back to their defaults."""
+    base = Path(directory) if directory else _directory()
+    return CacheConfig(base / LAYOUT, _max_size(), env_flag("PORTKERN_CACHE_DISABLE"))

@@ -1,70 +1,102 @@
-"""The per-device store: native artifacts, tuning results and device probes, on diskcache.
+"""The per-device store: native artifacts, tuning results, device probes and bundle checks, on diskcache.
 
-Layout inside one diskcache (only `str` and `bytes` values, so nothing is pickled):
+Layout inside one diskcache directory (only `str` and `bytes` values, so nothing is pickled):
 
 - `a/<key>`: the native artifact's bytes;
 - `m/<key>`: its metadata, JSON (an `Entry`), written in the same transaction;
 - `t/<key>`: a tuning result, JSON;
 - `p/<key>`: a memoised device probe, JSON;
-- `s/...`: hit and miss counters.
+- `v/<key>`: the memo "a bundle with this digest passed this schema", JSON;
+- beside diskcache's table, the entry index (`cache.index`): size, last use,
+  hits, kernel, bundle and device of every artifact, per-device totals kept by
+  triggers, and the hit/miss counters.
 
 Every artifact read re-hashes the bytes against the sha256 in its metadata; a
-mismatch evicts the entry and reads as a miss. Any failure of the cache itself
-(unwritable directory, full disk, broken database) becomes one warning and
-the store carries on as if disabled: kernels never fail because of the cache.
+mismatch, or a record that does not decode to its kind, evicts that entry (one
+warning) and reads as a miss. A database SQLite cannot read is moved aside to
+`cache.db.damaged-<time>-<pid>` and a fresh one started. Any other failure of
+the cache (unwritable directory, full disk) becomes one warning and the store
+carries on as if disabled: kernels never fail because of the cache.
+
+Costs do not grow with the number of entries: a put updates the index and
+totals in its own transaction and evicts, when over budget, least recently
+used entries by the index down to `LOW_WATER` of the budget; a warm lookup
+writes nothing (hits are counted in memory and written with the next write, at
+least every `hits.FLUSH_S` seconds, and at exit).
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
+import os
+import sqlite3
 import time
 import warnings
+import weakref
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
-from portkern.cache.config import CacheConfig, from_env
+from portkern.cache import index, repair
+from portkern.cache.config import CacheConfig, CacheWarning, from_env
 from portkern.cache.device import DeviceFingerprint
+from portkern.cache.entry import CorruptRecordError, Entry
+from portkern.cache.hits import HitLog
+from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
+from portkern.cache.repair import Finding
+
+__all__ = ["CacheWarning", "Entry", "Filter", "Finding", "Store", "default_store", "matches_device"]
+
+#: After going over budget, evict down to this fraction of it (so eviction runs rarely, in batches).
+LOW_WATER = 0.9
+#: Entries written per transaction by `put_many`.
+BATCH = 500
 
 
-class CacheWarning(UserWarning):
-    """The cache could not be used; kernels still run without it."""
+def damaged(exc: BaseException) -> bool:
+    """Whether an error says the database file itself is unreadable (not a lock, not a full disk)."""
+    return type(exc) is sqlite3.DatabaseError
 
 
-@dataclass
-class Entry:
-    """Metadata of one cached native artifact."""
+def _text(cache, name: str) -> Any:
+    """A stored JSON text; `CorruptRecordError` when its bytes are not text."""
+    try:
+        return cache.get(name)
+    except UnicodeDecodeError:
+        raise CorruptRecordError("not UTF-8 text") from None
+    except sqlite3.OperationalError as exc:
+        if "decode" in str(exc).lower():
+            raise CorruptRecordError("not UTF-8 text") from None
+        raise
 
-    key: str
-    kernel: str
-    bundle: str
-    bundle_digest: str
-    device: dict[str, Any]
-    device_label: str
-    config: str
-    format: str
-    size: int
-    sha256: str
-    compiler: str
-    flags: list[str] = field(default_factory=list)
-    kernel_digest: str = ""
-    created: float = 0.0
-    last_used: float = 0.0
-    hits: int = 0
-    finalize_s: float = 0.0
-    kernel_time_s: float | None = None
 
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+def _decode_record(text: Any) -> dict:
+    try:
+        record = json.loads(text)
+    except (TypeError, ValueError) as exc:
+        raise CorruptRecordError(f"not JSON ({type(exc).__name__})") from None
+    if not isinstance(record, dict):
+        raise CorruptRecordError("not a JSON object")
+    return record
 
-    @classmethod
-    def from_json(cls, text: str) -> "Entry":
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+
+def _index_row(entry: Entry) -> index.Row:
+    try:
+        digest = DeviceFingerprint.from_dict(entry.device).digest()
+    except Exception:  # noqa: BLE001 - a device we cannot read is only unmatchable by digest
+        digest = ""
+    return index.Row(entry.key, entry.size, entry.created, entry.last_used, entry.hits,
+                     entry.kernel, entry.bundle, entry.device_label, digest)
+
+
+def _row_entry(row: index.Row) -> Entry:
+    """A summary entry from an index row alone (for what eviction reports)."""
+    return Entry(key=row.key, kernel=row.kernel, bundle=row.bundle, bundle_digest="", device={},
+                 device_label=row.device_label, config="", format="", size=row.size, sha256="", compiler="",
+                 created=row.created, last_used=row.last_used, hits=row.hits)
 
 
 class Store:
@@ -73,9 +105,13 @@ class Store:
     def __init__(self, config: CacheConfig | None = None) -> None:
         self.config = config or from_env()
         self._cache = None
+        self._identity: tuple[int, int] | None = None
         self._broken: str | None = None
+        self._moved_aside = False
+        self._hits = HitLog()
         if self.config.disabled:
             self._broken = "disabled by PORTKERN_CACHE_DISABLE"
+        _live.add(self)
 
     @property
     def directory(self) -> Path:
@@ -87,18 +123,60 @@ class Store:
 
     # --- plumbing -----------------------------------------------------------
 
-    def _open(self):
-        if self._cache is None and self._broken is None:
-            try:
-                import diskcache
+    def _connect(self):
+        import diskcache
 
-                self.directory.mkdir(parents=True, exist_ok=True)
-                self._cache = diskcache.Cache(
-                    str(self.directory), eviction_policy="none", size_limit=1 << 62, statistics=0
-                )
+        self.directory.mkdir(parents=True, exist_ok=True)
+        cache = diskcache.Cache(str(self.directory), eviction_policy="none", size_limit=1 << 62, statistics=0)
+        try:
+            con = cache._con  # diskcache's connection: the index shares its transactions
+            if not index.installed(con):
+                with cache.transact():
+                    if not index.installed(con):
+                        index.install(con, self._unindexed(cache))
+            self._identity = repair.identity(self.directory / repair.DATABASE)
+        except BaseException:
+            cache.close()
+            raise
+        return cache
+
+    def _open(self):
+        if self._cache is not None and repair.identity(self.directory / repair.DATABASE) != self._identity:
+            self._close_connection()  # cleared or moved aside by another process: open the new one
+        if self._cache is None and self._broken is None:
+            before = repair.identity(self.directory / repair.DATABASE)
+            try:
+                self._cache = self._connect()
             except Exception as exc:  # noqa: BLE001 - any cache failure degrades, never fails
-                self._fail("open", exc)
+                if damaged(exc) and self._move_aside(exc, before):
+                    try:
+                        self._cache = self._connect()
+                    except Exception as again:  # noqa: BLE001
+                        self._fail("open", again)
+                else:
+                    self._fail("open", exc)
         return self._cache
+
+    def _move_aside(self, exc: BaseException, seen: tuple[int, int] | None) -> bool:
+        """Move an unreadable database aside (once per store); whether to open a fresh one."""
+        if self._moved_aside:
+            return False
+        self._moved_aside = True
+        self._close_connection()
+        database = self.directory / repair.DATABASE
+        if repair.identity(database) != seen:
+            return True  # another process already replaced it
+        try:
+            aside = repair.move_aside(self.directory)
+        except OSError as error:
+            self._fail("move aside", error)
+            return False
+        warnings.warn(
+            f"portkern cache database {database} cannot be read ({exc}); moved aside to {aside.name}, starting a fresh one",
+            CacheWarning,
+            stacklevel=4,
+        )
+        return True
 
     def _fail(self, what: str, exc: BaseException) -> None:
         if self._broken is None:
@@ -108,212 +186,410 @@ class Store:
                 CacheWarning,
                 stacklevel=3,
             )
-        self._cache = None
+        self._close_connection()
 
     def _guard(self, what: str, action: Callable[[Any], Any], default: Any = None) -> Any:
-        cache = self._open()
-        if cache is None:
-            return default
-        try:
-            return action(cache)
-        except Exception as exc:  # noqa: BLE001
-            self._fail(what, exc)
-            return default
+        for attempt in range(2):  # a second time on a fresh database after moving a damaged one aside
+            cache = self._open()
+            if cache is None:
+                return default
+            try:
+                return action(cache)
+            except Exception as exc:  # noqa: BLE001
+                if attempt == 0 and damaged(exc) and self._move_aside(exc, self._identity):
+                    continue
+                self._fail(what, exc)
+                return default
+        return default
+
+    def _close_connection(self) -> None:
+        if self._cache is not None:
+            try:
+                self._cache.close()
+            except Exception:  # noqa: BLE001 - closing a broken database must not raise
+                pass
+            self._cache = None
 
     def close(self) -> None:
-        if self._cache is not None:
-            self._cache.close()
-            self._cache = None
+        """Write pending hit counts and close the database."""
+        self.flush()
+        self._close_connection()
+
+    def _corrupt(self, cache, key: str, problem: str, label: str = "") -> None:
+        warnings.warn(f"portkern cache entry {key[:16]}{label} is corrupt; evicted, it will be rebuilt ({problem})",
+                      CacheWarning, stacklevel=4)
+        with cache.transact():
+            self._remove(cache, key)
 
     # --- artifacts ----------------------------------------------------------
 
-    def get(self, key: str, *, count: bool = True) -> tuple[bytes, Entry] | None:
-        """The artifact and its metadata, if present and intact (counts a hit or miss)."""
-
-        def read(cache):
-            meta = cache.get(f"m/{key}")
-            data = cache.get(f"a/{key}") if meta is not None else None
-            if meta is None or data is None:
-                if count:
-                    cache.incr("s/misses", default=0)
+    def _load(self, cache, key: str) -> tuple[bytes, Entry] | str | None:
+        """An intact artifact and its metadata, None when absent, or what is wrong with it."""
+        try:
+            meta = _text(cache, f"m/{key}")
+            if meta is None:
                 return None
             entry = Entry.from_json(meta)
-            if hashlib.sha256(data).hexdigest() != entry.sha256:
-                warnings.warn(
-                    f"portkern cache entry {key[:16]} ({entry.kernel} on {entry.device_label}) is corrupt; "
-                    "evicted, it will be rebuilt",
-                    CacheWarning,
-                    stacklevel=4,
-                )
-                self._delete(cache, key)
-                if count:
-                    cache.incr("s/misses", default=0)
-                return None
+        except CorruptRecordError as exc:
+            return f"metadata record {exc}"
+        if entry.key != key:
+            return "metadata record belongs to another key"
+        data = cache.get(f"a/{key}")
+        if data is None:
+            return "artifact missing"
+        if not isinstance(data, bytes) or len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
+            return "artifact does not match its sha256"
+        return data, entry
+
+    def get(self, key: str, *, count: bool = True) -> tuple[bytes, Entry] | None:
+        """The artifact and its metadata, if present and intact (counts a hit or miss; writes nothing
+        until a batch of counts is due)."""
+
+        def read(cache):
+            found = self._load(cache, key)
+            if isinstance(found, str):
+                found = self._load(cache, key)  # a concurrent delete or replace reads right the second time
+                if isinstance(found, str):
+                    self._corrupt(cache, key, found)
+                    found = None
             if count:
-                entry.hits += 1
-                entry.last_used = time.time()
-                with cache.transact():
-                    cache.set(f"m/{key}", entry.to_json())
-                    cache.incr("s/hits", default=0)
-            return data, entry
+                if found is None:
+                    self._hits.miss()
+                else:
+                    self._hits.hit(key, time.time())
+            return found
 
-        return self._guard("read", read)
+        found = self._guard("read", read)
+        if count and self._hits.due():
+            self.flush()
+        return found
 
-    def put(self, key: str, data: bytes, entry: Entry) -> bool:
-        """Store an artifact; returns False if the cache could not take it."""
+    def _prepare(self, key: str, data: bytes, entry: Entry) -> tuple[str, bytes, Entry]:
         entry.key = key
         entry.size = len(data)
         entry.sha256 = hashlib.sha256(data).hexdigest()
         entry.created = entry.created or time.time()
         entry.last_used = entry.last_used or entry.created
+        entry.hits = 0
+        return key, bytes(data), entry
 
-        def write(cache):
-            with cache.transact():
-                cache.set(f"a/{key}", bytes(data))
-                cache.set(f"m/{key}", entry.to_json())
-            return True
+    def put(self, key: str, data: bytes, entry: Entry) -> bool:
+        """Store an artifact (evicting least recently used ones if over budget); False if the cache could not take it."""
+        return self.put_many([(key, data, entry)]) == 1
 
-        stored = bool(self._guard("write", write, False))
-        if stored:
-            self.enforce_budget()
+    def put_many(self, items: Iterable[tuple[str, bytes, Entry]]) -> int:
+        """Store artifacts, `BATCH` per transaction; how many were stored."""
+        prepared = [self._prepare(*item) for item in items]
+        stored = 0
+        for start in range(0, len(prepared), BATCH):
+            batch = prepared[start : start + BATCH]
+
+            def write(cache, batch=batch):
+                with cache.transact():
+                    self._write_counts(cache)
+                    for key, data, entry in batch:
+                        cache.set(f"a/{key}", data)
+                        cache.set(f"m/{key}", entry.to_json())
+                        index.add(cache._con, _index_row(entry))
+                    self._evict(cache, self.config.max_size, int(self.config.max_size * LOW_WATER))
+                return len(batch)
+
+            done = self._guard("write", write, 0)
+            stored += done
+            if not done:
+                break
         return stored
 
     def delete(self, key: str) -> bool:
-        return bool(self._guard("delete", lambda cache: self._delete(cache, key), False))
+        def remove(cache):
+            with cache.transact():
+                return self._remove(cache, key)
+
+        return bool(self._guard("delete", remove, False))
 
     @staticmethod
-    def _delete(cache, key: str) -> bool:
-        with cache.transact():
-            found = cache.delete(f"m/{key}")
-            cache.delete(f"a/{key}")
-        return bool(found)
+    def _remove(cache, key: str) -> bool:
+        """Remove an entry's index row, metadata and artifact (inside the caller's transaction)."""
+        indexed = index.remove(cache._con, key)
+        found = cache.delete(f"m/{key}")
+        cache.delete(f"a/{key}")
+        return bool(indexed or found)
 
-    def entries(self) -> list[Entry]:
-        """Metadata of every artifact, most recently used first."""
+    def _evict(self, cache, budget: int, target: int) -> list[Entry]:
+        """When the entries pass `budget` bytes, remove least recently used ones until they fit `target`."""
+        con = cache._con
+        total = index.total_bytes(con)
+        evicted: list[Entry] = []
+        if total <= budget:
+            return evicted
+        while total > target:
+            victims = index.least_recent(con, 256)
+            if not victims:
+                break
+            for row in victims:
+                if total <= target:
+                    break
+                self._remove(cache, row.key)
+                total -= row.size
+                evicted.append(_row_entry(row))
+        return evicted
 
-        def scan(cache):
-            found = []
-            for name in cache.iterkeys():
-                if isinstance(name, str) and name.startswith("m/"):
-                    text = cache.get(name)
-                    if text is not None:
-                        found.append(Entry.from_json(text))
-            return sorted(found, key=lambda e: e.last_used, reverse=True)
+    def _entries(self, cache, rows: list[index.Row]) -> list[Entry]:
+        """Full entries for index rows (hits and last use from the index); corrupt ones are evicted."""
+        found, bad = [], []
+        for row in rows:
+            try:
+                meta = _text(cache, f"m/{row.key}")
+                if meta is None:
+                    raise CorruptRecordError("missing")
+                entry = Entry.from_json(meta)
+            except CorruptRecordError as exc:
+                bad.append((row, f"metadata record {exc}"))
+                continue
+            entry.hits, entry.last_used = row.hits, row.last_used
+            found.append(entry)
+        for row, problem in bad:
+            self._corrupt(cache, row.key, problem, f" ({row.kernel} on {row.device_label})")
+        return found
 
-        return self._guard("scan", scan, [])
+    def entries(self, where: Filter = Filter(), limit: int | None = None) -> list[Entry]:
+        """Metadata of the artifacts that match, most recently used first (at most `limit`)."""
+        self.flush()
+        return self._guard("scan", lambda cache: self._entries(cache, index.rows(cache._con, where, limit)), [])
+
+    def count(self, where: Filter = Filter()) -> int:
+        """How many artifacts match (from the totals when there is no filter)."""
+        return self._guard("scan", lambda cache: index.count(cache._con, where), 0)
+
+    def find(self, prefix: str) -> list[Entry]:
+        """Entries whose key starts with `prefix` (at most two: enough to say it is ambiguous)."""
+        prefix = prefix.lower()
+        if not prefix or any(c not in "0123456789abcdef" for c in prefix):
+            return []
+        self.flush()
+        return self._guard("scan", lambda cache: self._entries(cache, index.with_prefix(cache._con, prefix)), [])
 
     def read_raw(self, key: str) -> bytes | None:
         """An artifact's bytes without checking or counting (for verify and export)."""
         return self._guard("read", lambda cache: cache.get(f"a/{key}"))
 
     def enforce_budget(self, max_size: int | None = None) -> list[Entry]:
-        """Evict least-recently-used artifacts until they fit the size budget."""
+        """Evict least recently used artifacts until they fit `max_size` (default: the configured budget)."""
         budget = self.config.max_size if max_size is None else max_size
-        entries = self.entries()
-        total = sum(e.size for e in entries)
-        evicted = []
-        for entry in reversed(entries):  # least recently used first
-            if total <= budget:
-                break
-            if self.delete(entry.key):
-                total -= entry.size
-                evicted.append(entry)
-        return evicted
 
-    def verify(self) -> list[tuple[Entry | None, str, str]]:
-        """Re-hash every artifact; evict and return (entry, key, problem) for each bad one."""
-        bad: list[tuple[Entry | None, str, str]] = []
-        for entry in self.entries():
-            data = self.read_raw(entry.key)
-            if data is None:
-                problem = "artifact missing"
-            elif len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
-                problem = "artifact does not match its sha256"
-            else:
-                continue
-            self.delete(entry.key)
-            bad.append((entry, entry.key, problem))
-        for key in self._orphans():
-            self._guard("delete", lambda cache, key=key: cache.delete(f"a/{key}"))
-            bad.append((None, key, "artifact without metadata"))
-        return bad
+        def evict(cache):
+            with cache.transact():
+                self._write_counts(cache)
+                return self._evict(cache, budget, budget)
 
-    def _orphans(self) -> list[str]:
-        def scan(cache):
-            names = [k for k in cache.iterkeys() if isinstance(k, str)]
-            meta = {k[2:] for k in names if k.startswith("m/")}
-            return [k[2:] for k in names if k.startswith("a/") and k[2:] not in meta]
-
-        return self._guard("scan", scan, [])
+        return self._guard("evict", evict, [])
 
     def prune(self, max_size: int | None = None, older_than: float | None = None) -> list[Entry]:
         """Evict entries unused for `older_than` seconds, then LRU down to `max_size` bytes."""
-        evicted = []
+        evicted: list[Entry] = []
         if older_than is not None:
             cutoff = time.time() - older_than
-            evicted += [e for e in self.entries() if e.last_used < cutoff and self.delete(e.key)]
+
+            def old(cache):
+                with cache.transact():
+                    self._write_counts(cache)
+                    rows = index.used_before(cache._con, cutoff)
+                    return [_row_entry(row) for row in rows if self._remove(cache, row.key)]
+
+            evicted += self._guard("prune", old, [])
         if max_size is not None:
             evicted += self.enforce_budget(max_size)
         return evicted
 
-    def clear(self, device: str | None = None) -> int:
-        """Remove everything, or only the artifacts and tuning results of one device.
+    # --- verify and clear ---------------------------------------------------
 
-        `device` is a label ("cpu:znver5") or a prefix of a fingerprint digest.
-        """
-        if device is None:
-            count = len(self.entries())
-            self._guard("clear", lambda cache: cache.clear())
-            return count
-        count = 0
-        for entry in self.entries():
-            if matches_device(entry.device, device) and self.delete(entry.key):
-                count += 1
+    def verify(self) -> list[Finding]:
+        """Check rows against files and files against rows, decode every record, re-hash every
+        artifact, remove stale locks; remove (or re-index) what is inconsistent and return it."""
+        self.flush()
+        findings: list[Finding] = []
+        self._guard("verify", lambda cache: self._verify_structure(cache, findings))
+        self._guard("verify", lambda cache: self._verify_contents(cache, findings))
+        findings += [Finding("lock", name, "stale lock (no process holds it)") for name in repair.stale_locks(self.directory)]
+        return findings
+
+    def _verify_structure(self, cache, findings: list[Finding]) -> None:
+        """Rows, index and files agree (under the write lock, so no write is half done)."""
+        con = cache._con
+        with cache.transact():
+            names = [k for (k,) in con.execute("SELECT key FROM Cache WHERE raw = 1") if isinstance(k, str)]
+            meta = {k[2:] for k in names if k.startswith("m/")}
+            artifacts = {k[2:] for k in names if k.startswith("a/")}
+            indexed = index.keys(con)
+            files = repair.referenced_files(con)
+            for filename, name in files.items():
+                if not (self.directory / filename).is_file():
+                    cache.delete(name)
+                    kind, _, key = name.partition("/")
+                    {"m": meta, "a": artifacts}.get(kind, set()).discard(key)
+                    findings.append(Finding("file", filename, f"file of {name[:18]} is missing"))
+            for key in sorted(indexed - (meta & artifacts)):
+                self._remove(cache, key)
+                findings.append(Finding("entry", key, "index row without its metadata or artifact"))
+            for key in sorted(artifacts - meta):
+                cache.delete(f"a/{key}")
+                findings.append(Finding("entry", key, "artifact without metadata"))
+            for key in sorted((meta & artifacts) - indexed):
+                try:
+                    entry = Entry.from_json(_text(cache, f"m/{key}"))
+                    index.add(con, _index_row(entry))
+                    findings.append(Finding("entry", key, "entry missing from the index; re-indexed", entry))
+                except CorruptRecordError as exc:
+                    self._remove(cache, key)
+                    findings.append(Finding("entry", key, f"metadata record {exc}"))
+            for key in sorted(meta - artifacts):
+                cache.delete(f"m/{key}")
+                findings.append(Finding("entry", key, "metadata without artifact"))
+            referenced = set(repair.referenced_files(con))
+            for name in repair.stray_files(self.directory, referenced):
+                repair.remove_path(self.directory / name)
+                findings.append(Finding("file", name, "file no database row names"))
+            if index.rebuild_totals(con):
+                findings.append(Finding("totals", "portkern_totals", "per-device totals did not match the entries; recounted"))
+
+    def _verify_contents(self, cache, findings: list[Finding]) -> None:
+        """Every entry re-hashed and every record decoded (entry by entry, without holding the write lock)."""
+        con = cache._con
+        for row in index.rows(con):
+            found = self._load(cache, row.key)
+            if isinstance(found, str):
+                with cache.transact():
+                    self._remove(cache, row.key)
+                findings.append(Finding("entry", row.key, found, _row_entry(row)))
+        for kind in ("t", "p", "v"):
+            for name in self._record_names(cache, kind):
+                try:
+                    _decode_record(_text(cache, name))
+                except CorruptRecordError as exc:
+                    cache.delete(name)
+                    findings.append(Finding("record", name, f"record {exc}"))
+
+    def clear(self, device: str | None = None) -> int:
+        """Remove everything, files unknown to the database included, or only the artifacts and
+        tuning results of one device. `device` is a label ("cpu:znver5") or a prefix of a fingerprint
+        digest. Returns how many artifacts were removed."""
+        if device is not None:
+            return self._clear_device(device)
+        self._hits.take()
+
+        def empty(cache):
+            con = cache._con
+            with cache.transact():
+                removed = index.count(con)
+                for table in ("Cache", "portkern_entries", "portkern_totals", "portkern_counters"):
+                    con.execute(f"DELETE FROM {table}")
+            return removed
+
+        removed = self._guard("clear", empty, 0)
+        self._close_connection()
+        left = repair.remove_everything(self.directory)
+        if left:
+            warnings.warn(f"portkern cache clear could not remove {', '.join(left)} from {self.directory}", CacheWarning, stacklevel=2)
+        return removed
+
+    def _clear_device(self, device: str) -> int:
+        def remove(cache):
+            with cache.transact():
+                rows = index.rows(cache._con, Filter(device=device))
+                return sum(1 for row in rows if self._remove(cache, row.key))
+
+        count = self._guard("clear", remove, 0)
         for key, record in list(self.records("t")):
             if isinstance(record.get("device"), dict) and matches_device(record["device"], device):
                 self.delete_record("t", key)
         return count
 
     def stats(self) -> dict[str, Any]:
-        """Entries, bytes and hits overall and per device, and the hit/miss counters."""
-        entries = self.entries()
-        per_device: dict[str, dict[str, int]] = {}
-        for e in entries:
-            d = per_device.setdefault(e.device_label, {"entries": 0, "bytes": 0, "hits": 0})
-            d["entries"] += 1
-            d["bytes"] += e.size
-            d["hits"] += e.hits
+        """Entries, bytes and hits overall and per device, and the hit/miss counters (no scan)."""
+        self.flush()
+
+        def read(cache):
+            con = cache._con
+            return index.totals(con), index.counters(con), self._record_count(cache, "t")
+
+        per_device, counters, tuning = self._guard("read", read, ({}, {"hits": 0, "misses": 0}, 0))
         return {
             "directory": str(self.directory),
             "enabled": self.enabled,
-            "entries": len(entries),
-            "bytes": sum(e.size for e in entries),
+            "entries": sum(d["entries"] for d in per_device.values()),
+            "bytes": sum(d["bytes"] for d in per_device.values()),
             "max_size": self.config.max_size,
-            "tuning_results": sum(1 for _ in self.records("t")),
-            **self.counters(),
+            "tuning_results": tuning,
+            **counters,
             "devices": per_device,
         }
 
-    # --- small JSON records: tuning results, device probes ------------------
+    # --- hit counts ---------------------------------------------------------
+
+    def _write_counts(self, cache) -> None:
+        """Write this process's pending hit and miss counts (inside the caller's transaction)."""
+        pending = self._hits.take()
+        if pending:
+            index.record_hits(cache._con, pending.hits)
+            index.add_counts(cache._con, hits=pending.hit_count, misses=pending.miss_count)
+
+    def flush(self) -> None:
+        """Write pending hit and miss counts now (one transaction; nothing when there are none)."""
+        if not self._hits.pending():
+            return
+
+        def write(cache):
+            with cache.transact():
+                self._write_counts(cache)
+
+        self._guard("write", write)
+
+    def counters(self) -> dict[str, int]:
+        """Lookups that hit and missed, over all processes (this one's pending counts included)."""
+        self.flush()
+        return self._guard("read", lambda cache: index.counters(cache._con), {"hits": 0, "misses": 0})
+
+    # --- small JSON records: tuning results, device probes, bundle checks ----
+
+    @staticmethod
+    def _record_names(cache, kind: str) -> list[str]:
+        rows = cache._con.execute("SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ?", (f"{kind}/", f"{kind}0"))
+        return [k for (k,) in rows if isinstance(k, str)]
+
+    @staticmethod
+    def _record_count(cache, kind: str) -> int:
+        return cache._con.execute("SELECT count(*) FROM Cache WHERE raw = 1 AND key >= ? AND key < ?",
+                                  (f"{kind}/", f"{kind}0")).fetchone()[0]
 
     def get_record(self, kind: str, key: str) -> dict | None:
-        text = self._guard("read", lambda cache: cache.get(f"{kind}/{key}"))
-        if text is None:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError:
-            self._guard("delete", lambda cache: cache.delete(f"{kind}/{key}"))
-            return None
+        """A stored record, or None; a record that does not decode is evicted with a warning."""
+
+        def read(cache):
+            name = f"{kind}/{key}"
+            try:
+                text = _text(cache, name)
+                return None if text is None else _decode_record(text)
+            except CorruptRecordError as exc:
+                warnings.warn(f"portkern cache record {name[:18]} is corrupt ({exc}); evicted", CacheWarning, stacklevel=4)
+                cache.delete(name)
+                return None
+
+        return self._guard("read", read)
 
     def put_record(self, kind: str, key: str, record: dict) -> bool:
         text = json.dumps(record, sort_keys=True)
-        return bool(self._guard("write", lambda cache: cache.set(f"{kind}/{key}", text) or True, False))
+
+        def write(cache):
+            with cache.transact():
+                self._write_counts(cache)
+                cache.set(f"{kind}/{key}", text)
+            return True
+
+        return bool(self._guard("write", write, False))
 
     def records(self, kind: str) -> Iterator[tuple[str, dict]]:
         prefix = f"{kind}/"
-        keys = self._guard("scan", lambda cache: [k for k in cache.iterkeys() if isinstance(k, str) and k.startswith(prefix)], [])
-        for name in keys:
+        for name in self._guard("scan", lambda cache: self._record_names(cache, kind), []):
             record = self.get_record(kind, name[len(prefix) :])
             if record is not None:
                 yield name[len(prefix) :], record
@@ -330,13 +606,7 @@ class Store:
         record = {**result, "problem": problem, "device": device.to_dict(), "compiler": compiler}
         return self.put_record("t", tuning_key(problem, device, compiler), record)
 
-    # --- counters and locks -------------------------------------------------
-
-    def counters(self) -> dict[str, int]:
-        def read(cache):
-            return {name: int(cache.get(f"s/{name}", 0) or 0) for name in ("hits", "misses")}
-
-        return self._guard("read", read, {"hits": 0, "misses": 0})
+    # --- locks --------------------------------------------------------------
 
     def lock(self, key: str, timeout: float = 900.0):
         """A cross-process lock for building `key`, so concurrent processes build it once."""
@@ -345,12 +615,21 @@ class Store:
         try:
             from filelock import FileLock
 
-            locks = self.directory / "locks"
+            locks = self.directory / repair.LOCKS
             locks.mkdir(exist_ok=True)
             return _tolerant(FileLock(str(locks / f"{key[:32]}.lock"), timeout=timeout))
         except Exception as exc:  # noqa: BLE001
             self._fail("lock", exc)
             return nullcontext()
+
+    # --- migration ----------------------------------------------------------
+
+    def _unindexed(self, cache) -> Iterator[index.Row]:
+        """Index rows for the entries of a cache written before the index existed."""
+        for name in self._record_names(cache, "m"):
+            found = self._load(cache, name[2:])
+            if isinstance(found, tuple):
+                yield _index_row(found[1])
 
 
 def matches_device(device: dict[str, Any], wanted: str) -> bool:
@@ -361,7 +640,8 @@ def matches_device(device: dict[str, Any], wanted: str) -> bool:
 
 @contextmanager
 def _tolerant(lock):
-    """Hold `lock` if it can be taken; run unlocked (duplicate work, never failure) if not."""
+    """Hold `lock` if it can be taken; run unlocked (duplicate work, never failure) if not.
+    The lock file is removed before release, so lock files do not pile up."""
     try:
         lock.acquire()
     except Exception:  # noqa: BLE001 - a lock we cannot take only costs duplicate work
@@ -370,7 +650,18 @@ def _tolerant(lock):
     try:
         yield
     finally:
+        if lock.lock_counter == 1:
+            repair.release_lock_file(lock.lock_file)
         lock.release()
+
+
+_live: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    for store in list(_live):
+        store.flush()
 
 
 _default: Store | None = None

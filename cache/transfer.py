@@ -90,8 +90,9 @@ def import_(store: Store, path: str | Path) -> TransferReport:
     except CacheError as exc:
         raise CacheError(f"{path}: {exc}") from None
     report = TransferReport(str(path))
-    for item in meta["entries"]:
-        _import_entry(store, Entry(**item), blobs, report)
+    accepted = [found for item in meta["entries"] if (found := _checked_entry(store, Entry(**item), blobs, report))]
+    report.entries = store.put_many(accepted)
+    report.bytes = sum(len(data) for _, data, _ in accepted[: report.entries])
     for item in meta["records"]:
         record = item["record"]
         device = DeviceFingerprint.from_dict(record["device"])
@@ -103,25 +104,23 @@ def import_(store: Store, path: str | Path) -> TransferReport:
     return report
 
 
-def _import_entry(store: Store, entry: Entry, blobs: dict[str, bytes], report: TransferReport) -> None:
+def _checked_entry(store: Store, entry: Entry, blobs: dict[str, bytes], report: TransferReport) -> tuple[str, bytes, Entry] | None:
+    """An entry to store, if it checks out and is not already here intact (else it is counted in `report`)."""
     name = f"{entry.kernel} on {entry.device_label} ({entry.key[:12]})"
     data = blobs.get(entry.sha256)
     if data is None or len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
         report.rejected.append(f"{name}: artifact missing or does not match its sha256")
-        return
+        return None
     device = DeviceFingerprint.from_dict(entry.device)
     if device.label != entry.device_label:
         report.rejected.append(f"{name}: device label does not match its fingerprint")
-        return
+        return None
     expected = artifact_key(entry.kernel_digest, device, entry.compiler, entry.config, entry.flags).hex
     if expected != entry.key:
         report.rejected.append(f"{name}: key does not match the kernel, device, compiler, config and flags it states")
-        return
+        return None
     if store.get(entry.key, count=False) is not None:
         report.skipped += 1
-        return
-    entry.hits = 0
+        return None
     entry.last_used = 0.0
-    if store.put(entry.key, data, entry):
-        report.entries += 1
-        report.bytes += len(data)
+    return entry.key, data, entry

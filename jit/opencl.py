@@ -17,11 +17,11 @@ import functools
 import os
 import re
 import shutil
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any
 
+from portkern.cache import scratch as scratch_dirs
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
 from portkern.errors import DeviceError
@@ -59,7 +59,7 @@ def pyopencl():
 def _configure_pocl() -> None:
     if "POCL_KERNEL_CACHE" in os.environ or "POCL_CACHE_DIR" in os.environ:
         return
-    scratch = tempfile.mkdtemp(prefix="portkern-pocl-")
+    scratch = scratch_dirs.make("pocl")  # named with our pid, so `cache verify` can sweep it if we are killed
     os.environ["POCL_KERNEL_CACHE"] = "0"
     os.environ["POCL_CACHE_DIR"] = scratch
     atexit.register(shutil.rmtree, scratch, ignore_errors=True)

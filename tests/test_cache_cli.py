@@ -54,11 +54,11 @@ def test_show_unknown_key_is_a_one_line_error(filled, capsys):
 
 def test_verify_reports_and_evicts_corruption(filled, capsys):
     directory, store = filled
-    assert cache(capsys, directory, "verify") == (0, {"checked": 3, "corrupt": []})
+    assert cache(capsys, directory, "verify") == (0, {"checked": 3, "found": []})
     victim = store.entries()[0]
     flip_byte(store, victim.key)
     status, report = cache(capsys, directory, "verify")
-    assert status == 1 and [c["key"] for c in report["corrupt"]] == [victim.key]
+    assert status == 1 and [(f["name"], f["problem"]) for f in report["found"]] == [(victim.key, "artifact does not match its sha256")]
     assert cache(capsys, directory, "verify")[0] == 0
 
 

@@ -100,7 +100,7 @@ def test_flipped_byte_is_found_by_verify(examples_bundle, store):
     kernel = portkern.load(examples_bundle, store=store).kernel("mlp")
     flip_byte(store, kernel.native.key)
     bad = store.verify()
-    assert [(e.kernel, problem) for e, _, problem in bad] == [("mlp", "artifact does not match its sha256")]
+    assert [(f.entry.kernel, f.problem) for f in bad] == [("mlp", "artifact does not match its sha256")]
     assert store.entries() == []
 
 

@@ -10,6 +10,20 @@ from pathlib import Path
 from portkern.cli.common import Report, add_cache_dir, add_json, human_age, human_size, store_from, table
 from portkern.errors import CacheError
 
+#: Entries `cache ls` shows without `--all` or `--limit`.
+DEFAULT_LIMIT = 50
+
+
+def positive(text: str) -> int:
+    """An argparse type: a whole number of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a positive whole number: {text!r}")
+    return value
+
 
 def register(sub) -> None:
     cache = sub.add_parser("cache", help="inspect and manage the per-device cache")
@@ -22,16 +36,22 @@ def register(sub) -> None:
         p.set_defaults(handler=handler)
         return p
 
-    ls = action("ls", "list cached native code", run_ls)
+    ls = action("ls", "list cached native code, most recently used first", run_ls)
     ls.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    ls.add_argument("--kernel", help="only this kernel name")
+    ls.add_argument("--bundle", help="only this bundle name")
+    shown = ls.add_mutually_exclusive_group()
+    shown.add_argument("--limit", type=positive, default=DEFAULT_LIMIT, metavar="N",
+                       help=f"show the N most recently used (default {DEFAULT_LIMIT})")
+    shown.add_argument("--all", action="store_true", help="show every entry")
     show = action("show", "everything about one entry", run_show)
     show.add_argument("key", help="entry key or a unique prefix of it")
     action("stats", "entries, bytes, hits and misses, per device", run_stats)
-    action("verify", "re-hash every entry; evict corrupt ones (exit 1 if any)", run_verify)
+    action("verify", "check rows, files and records; remove what is inconsistent (exit 1 if anything was)", run_verify)
     prune = action("prune", "evict old entries or shrink to a size", run_prune)
     prune.add_argument("--max-size", help="evict least recently used entries until the cache fits, e.g. 500MB")
     prune.add_argument("--older-than", help="evict entries not used for this long, e.g. 30d, 12h")
-    clear = action("clear", "remove everything, or one device's entries", run_clear)
+    clear = action("clear", "remove everything (unknown files included), or one device's entries", run_clear)
     clear.add_argument("--device", help="only this device (label or fingerprint prefix)")
     export = action("export", "write native code and tuning results to a file", run_export)
     export.add_argument("file", type=Path)
@@ -44,27 +64,31 @@ def entries_table(title: str, entries: list):
     """The `cache ls` table of cache entries."""
     now = time.time()
     rows = [
-        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now), e.hits]
+        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now),
+         human_age(e.last_used, now), e.hits]
         for e in entries
     ]
-    return table(title, ["key", "kernel", "bundle", "device", "config", "size", "age", "hits"], rows)
+    return table(title, ["key", "kernel", "bundle", "device", "config", "size", "age", "used", "hits"], rows)
 
 
 def run_ls(args: argparse.Namespace) -> Report:
-    from portkern.cache.store import matches_device
+    from portkern.cache.store import Filter
 
     store = store_from(args)
-    entries = [e for e in store.entries() if args.device is None or matches_device(e.device, args.device)]
-    return Report([asdict(e) for e in entries], lambda out: out.print(entries_table(f"{store.directory}: {len(entries)} entries", entries)))
+    where = Filter(kernel=args.kernel, bundle=args.bundle, device=args.device)
+    entries = store.entries(where, limit=None if args.all else args.limit)
+    total = store.count(where)
+    shown = f"{len(entries)} entries" if len(entries) == total else f"the {len(entries)} most recently used of {total} entries (--all for all)"
+    return Report([asdict(e) for e in entries], lambda out: out.print(entries_table(f"{store.directory}: {shown}", entries)))
 
 
 def run_show(args: argparse.Namespace) -> Report:
     store = store_from(args)
-    matches = [e for e in store.entries() if e.key.startswith(args.key.lower())]
+    matches = store.find(args.key)
     if not matches:
         raise CacheError(f"no cache entry with key {args.key!r}")
     if len(matches) > 1:
-        raise CacheError(f"key prefix {args.key!r} matches {len(matches)} entries; give more of it")
+        raise CacheError(f"key prefix {args.key!r} matches more than one entry; give more of it")
     entry = matches[0]
     data = asdict(entry)
 
@@ -98,21 +122,27 @@ def run_stats(args: argparse.Namespace) -> Report:
 
 
 def run_verify(args: argparse.Namespace) -> Report:
+    from portkern.cache import scratch
+
     store = store_from(args)
-    checked = len(store.entries())
-    bad = store.verify()
-    data = {
-        "checked": checked,
-        "corrupt": [{"key": key, "kernel": e.kernel if e else None, "device": e.device_label if e else None, "problem": problem} for e, key, problem in bad],
-    }
+    checked = store.count()
+    findings = [
+        {"kind": f.kind, "name": f.name, "problem": f.problem,
+         "kernel": f.entry.kernel if f.entry else None, "device": f.entry.device_label if f.entry else None}
+        for f in store.verify()
+    ]
+    findings += [{"kind": "scratch", "name": str(path), "problem": "scratch directory of a process that is gone",
+                  "kernel": None, "device": None} for path in scratch.sweep()]
+    data = {"checked": checked, "found": findings}
 
     def render(out):
-        for item in data["corrupt"]:
-            out.print(f"[red]evicted[/red] {item['key'][:12]} {item['kernel'] or '-'} on {item['device'] or '-'}: {item['problem']}")
-        verdict = f"{len(bad)} corrupt entries evicted" if bad else "all intact"
+        for item in findings:
+            what = f" {item['kernel']} on {item['device']}" if item["kernel"] else ""
+            out.print(f"[red]removed[/red] {item['kind']} {item['name'][:40]}{what}: {item['problem']}")
+        verdict = f"found and fixed {len(findings)} problems" if findings else "all intact"
         out.print(f"verified {checked} entries: {verdict}")
 
-    return Report(data, render, status=1 if bad else 0)
+    return Report(data, render, status=1 if findings else 0)
 
 
 def run_prune(args: argparse.Namespace) -> Report:
@@ -131,7 +161,7 @@ def run_prune(args: argparse.Namespace) -> Report:
 
 def run_clear(args: argparse.Namespace) -> Report:
     removed = store_from(args).clear(args.device)
-    what = f"entries of {args.device}" if args.device else "entries (and all tuning results)"
+    what = f"entries of {args.device}" if args.device else "entries (and every other file of the cache)"
     return Report({"removed": removed, "device": args.device}, lambda out: out.print(f"removed {removed} {what}"))
 
 

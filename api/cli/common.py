@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+
+from portkern.errors import PortkernError, UsageError, message_lines
+
+#: Exit status of a command whose output pipe closed early (as for a process ended by SIGPIPE).
+BROKEN_PIPE_STATUS = 141
 
 #: A command's result: plain data for `--json`, and how to show it to a person.
 Render = Callable[["Console"], None]  # noqa: F821 - rich's Console, imported lazily
@@ -86,3 +92,23 @@ def store_from(args: argparse.Namespace):
     from portkern.cache.store import Store
 
     return Store(from_env(getattr(args, "cache_dir", None)))
+
+
+def fail(exc: PortkernError, as_json: bool) -> int:
+    """Report an error: JSON on stdout under `--json`, one line on stderr; the exit status."""
+    message = " ".join(message_lines(exc))
+    if as_json:
+        print(json.dumps({"error": type(exc).__name__, "message": message}))
+    print(f"portkern: error: {message}", file=sys.stderr)
+    return 2 if isinstance(exc, UsageError) else 1
+
+
+def quiet_broken_pipe() -> int:
+    """End quietly after the reader of stdout went away (`portkern cache ls | head`): point stdout
+    at /dev/null so the interpreter's final flush cannot fail; the exit status."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return BROKEN_PIPE_STATUS

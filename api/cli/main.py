@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import warnings
 
 from portkern import __version__
-from portkern.cli.common import emit
-from portkern.errors import PortkernError, UsageError, message_lines
+from portkern.cli.common import emit, fail, quiet_broken_pipe
+from portkern.errors import PortkernError, UsageError
 
 #: Modules that each add one or more subcommands with `register(subparsers)`.
 COMMANDS = (
@@ -52,19 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser().parse_args(argv)
     except UsageError as exc:
-        if "--json" in argv:
-            print(json.dumps({"error": type(exc).__name__, "message": str(exc)}))
-        print(f"portkern: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc, "--json" in argv)
     warnings.showwarning = _show_warning
     try:
-        return emit(args.handler(args), getattr(args, "json", False))
+        status = emit(args.handler(args), getattr(args, "json", False))
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return quiet_broken_pipe()
     except PortkernError as exc:
-        message = " ".join(message_lines(exc))
-        if getattr(args, "json", False):
-            print(json.dumps({"error": type(exc).__name__, "message": message}))
-        print(f"portkern: error: {message}", file=sys.stderr)
-        return 1
+        return fail(exc, getattr(args, "json", False))
     except KeyboardInterrupt:
         print("portkern: interrupted", file=sys.stderr)
         return 130

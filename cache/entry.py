@@ -1,0 +1,89 @@
+"""`Entry`: the metadata of one cached native artifact, and its strict decoding."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
+
+from portkern.errors import CacheError
+
+
+class CorruptRecordError(CacheError):
+    """A stored record cannot be decoded or does not have the shape of its kind."""
+
+
+@dataclass
+class Entry:
+    """Metadata of one cached native artifact."""
+
+    key: str
+    kernel: str
+    bundle: str
+    bundle_digest: str
+    device: dict[str, Any]
+    device_label: str
+    config: str
+    format: str
+    size: int
+    sha256: str
+    compiler: str
+    flags: list[str] = field(default_factory=list)
+    kernel_digest: str = ""
+    created: float = 0.0
+    last_used: float = 0.0
+    hits: int = 0
+    finalize_s: float = 0.0
+    kernel_time_s: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: Any) -> "Entry":
+        """Decode a stored record; `CorruptRecordError` if it is not valid JSON of an entry's shape."""
+        try:
+            data = json.loads(text)
+        except (TypeError, ValueError) as exc:
+            raise CorruptRecordError(f"not JSON ({type(exc).__name__})") from None
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Entry":
+        """An entry from plain data, checking every field's type; unknown fields are ignored."""
+        if not isinstance(data, dict):
+            raise CorruptRecordError("not a JSON object")
+        values = {}
+        for f in fields(cls):
+            if f.name not in data:
+                if f.name in _REQUIRED:
+                    raise CorruptRecordError(f"field {f.name!r} is missing")
+                continue
+            value = data[f.name]
+            if not _FIELD_CHECKS[f.name](value):
+                raise CorruptRecordError(f"field {f.name!r} has the wrong type")
+            values[f.name] = value
+        return cls(**values)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_REQUIRED = {f.name for f in fields(Entry) if f.default is MISSING and f.default_factory is MISSING}
+_FIELD_CHECKS = {
+    **{name: (lambda v: isinstance(v, str)) for name in (
+        "key", "kernel", "bundle", "bundle_digest", "device_label", "config", "format", "sha256", "compiler", "kernel_digest")},
+    "device": lambda v: isinstance(v, dict),
+    "flags": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+    "size": _count,
+    "hits": _count,
+    "created": _number,
+    "last_used": _number,
+    "finalize_s": _number,
+    "kernel_time_s": lambda v: v is None or _number(v),
+}

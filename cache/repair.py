@@ -1,0 +1,145 @@
+"""What `verify` and `clear` do to the files of a cache directory, beside its database.
+
+diskcache keeps values of 32 KiB and more in files under two levels of hex
+subdirectories (`ab/cd/<hex>.val`) and names each in its row's `filename`.
+A process killed between writing such a file and committing its row leaves
+a file no row names; these functions find and remove them, stale lock files,
+and everything at `clear`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from portkern.cache.entry import Entry
+
+DATABASE = "cache.db"
+#: Files SQLite keeps beside the database.
+DATABASE_FILES = (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm")
+#: Databases that could not be opened are renamed to `cache.db.damaged-<time>-<pid>`.
+DAMAGED = f"{DATABASE}.damaged-"
+LOCKS = "locks"
+
+
+@dataclass
+class Finding:
+    """One inconsistency `verify` found and removed (or repaired)."""
+
+    #: "entry", "record", "file", "lock" or "totals".
+    kind: str
+    #: The entry key, record name or path (relative to the cache directory).
+    name: str
+    problem: str
+    entry: Entry | None = None
+
+
+def referenced_files(con: sqlite3.Connection) -> dict[str, str]:
+    """Each value file a database row names, with that row's key."""
+    return {filename: key for key, filename in con.execute("SELECT key, filename FROM Cache WHERE filename IS NOT NULL")}
+
+
+def _is_hex_dir(name: str) -> bool:
+    return len(name) == 2 and all(c in "0123456789abcdef" for c in name)
+
+
+def stray_files(directory: Path, referenced: set[str]) -> list[str]:
+    """Files in the directory that no row names and that are neither the database nor locks
+    (relative paths); empty value subdirectories are removed on the way."""
+    stray = []
+    for top in sorted(os.listdir(directory)):
+        path = directory / top
+        if top in DATABASE_FILES or top.startswith(DAMAGED) or top == LOCKS:
+            continue
+        if path.is_dir() and not path.is_symlink() and _is_hex_dir(top):
+            for root, dirs, files in os.walk(path, topdown=False):
+                for name in files:
+                    relative = os.path.relpath(os.path.join(root, name), directory)
+                    if relative not in referenced:
+                        stray.append(relative)
+                for name in dirs:
+                    try:
+                        os.rmdir(os.path.join(root, name))  # only succeeds when empty
+                    except OSError:
+                        pass
+        else:
+            stray.append(top)
+    return stray
+
+
+def remove_path(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def stale_locks(directory: Path) -> list[str]:
+    """Remove lock files that no process holds; their relative paths."""
+    from filelock import FileLock, Timeout
+
+    removed = []
+    locks = directory / LOCKS
+    if not locks.is_dir():
+        return removed
+    for path in sorted(locks.iterdir()):
+        lock = FileLock(str(path), timeout=0)
+        try:
+            lock.acquire()
+        except (Timeout, OSError):
+            continue
+        try:
+            path.unlink()
+            removed.append(f"{LOCKS}/{path.name}")
+        except OSError:
+            pass
+        finally:
+            lock.release()
+    return removed
+
+
+def release_lock_file(path: str) -> None:
+    """Remove a lock file while its lock is still held (a waiter on the old file retries on a new one)."""
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def identity(path: Path) -> tuple[int, int] | None:
+    """Which file is at `path` now (device and inode), or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def move_aside(directory: Path) -> Path:
+    """Rename the database (and its journal files) to `cache.db.damaged-<time>-<pid>`; the new name."""
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    aside = directory / f"{DAMAGED}{stamp}-{os.getpid()}"
+    for suffix in ("", "-wal", "-shm"):
+        source = directory / f"{DATABASE}{suffix}"
+        if source.exists():
+            os.replace(source, f"{aside}{suffix}")
+    return aside
+
+
+def remove_everything(directory: Path) -> list[str]:
+    """Delete every file and directory inside `directory`; what could not be deleted."""
+    left = []
+    if not directory.is_dir():
+        return left
+    for name in sorted(os.listdir(directory)):
+        remove_path(directory / name)
+        if os.path.lexists(directory / name):
+            left.append(name)
+    return left

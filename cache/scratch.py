@@ -1,0 +1,64 @@
+"""Scratch directories of portkern processes (PoCL's build cache, ...) and the sweep of dead ones.
+
+A scratch directory is named `portkern-<purpose>-<pid>-<random>` in the system's
+temporary directory, so a later `portkern cache verify` can tell that the
+process that made it is gone (killed before its exit handler ran).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+#: PoCL directories named without a pid (older portkern) count as orphaned after this many seconds.
+LEGACY_AGE_S = 86400.0
+
+
+def make(purpose: str) -> str:
+    """A new scratch directory for this process (`purpose` is one word, e.g. "pocl")."""
+    return tempfile.mkdtemp(prefix=f"portkern-{purpose}-{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def orphaned(root: str | Path | None = None) -> list[Path]:
+    """Scratch directories under `root` (default: the temporary directory) whose process is gone."""
+    found = []
+    base = Path(root or tempfile.gettempdir())
+    try:
+        candidates = [p for p in base.glob("portkern-*-*") if p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+    for path in candidates:
+        parts = path.name.split("-", 3)
+        if len(parts) == 4 and parts[2].isdigit():
+            if not _alive(int(parts[2])):
+                found.append(path)
+        elif len(parts) == 3 and parts[1] == "pocl":
+            try:
+                if time.time() - path.stat().st_mtime > LEGACY_AGE_S:
+                    found.append(path)
+            except OSError:
+                continue
+    return sorted(found)
+
+
+def sweep(root: str | Path | None = None) -> list[Path]:
+    """Remove the orphaned scratch directories; the ones removed."""
+    removed = []
+    for path in orphaned(root):
+        shutil.rmtree(path, ignore_errors=True)
+        if not path.exists():
+            removed.append(path)
+    return removed

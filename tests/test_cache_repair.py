@@ -1,0 +1,215 @@
+"""Damage costs one entry, never the cache: damaged records and databases, verify, clear, bad settings."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import warnings
+from pathlib import Path
+
+import pytest
+
+import portkern
+from portkern.cache import scratch
+from portkern.cache.config import DEFAULT_MAX_SIZE, CacheConfig, CacheWarning, from_env
+from portkern.cache.store import Store
+from portkern.cli.main import main
+from portkern.examples.reference import EXAMPLES
+
+from helpers import assert_matches
+from test_cache_scale import assert_counters_match, synthetic
+
+
+def caught_warnings(action):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = action()
+    return result, [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+
+
+def damage_record(directory: Path, name: str, how: str) -> None:
+    db = sqlite3.connect(directory / "cache.db")
+    if how == "truncate":
+        db.execute("UPDATE Cache SET value = substr(value, 1, length(value) / 2) WHERE key = ?", (name,))
+    elif how == "not-utf8":
+        db.execute("UPDATE Cache SET value = CAST(X'7B22FF' AS TEXT) WHERE key = ?", (name,))
+    else:  # valid JSON, wrong shape
+        db.execute("UPDATE Cache SET value = '{\"key\": 3}' WHERE key = ?", (name,))
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("how", ["truncate", "not-utf8", "wrong-shape"])
+def test_one_damaged_record_among_seven_costs_only_that_entry(tmp_path, capsys, how):
+    directory = tmp_path / "v1"
+    store = Store(CacheConfig(directory, 1 << 30, False))
+    store.put_many(synthetic(i, 50_000 if i % 2 else 300) for i in range(7))
+    store.close()
+    victim = f"{3:064x}"
+    damage_record(directory, f"m/{victim}", how)
+
+    fresh = Store(CacheConfig(directory, 1 << 30, False))
+    hits, messages = caught_warnings(lambda: [fresh.get(f"{i:064x}") for i in range(7)])
+    assert [hit is not None for hit in hits] == [True, True, True, False, True, True, True]
+    assert [h[0] for h in hits if h] == [synthetic(i, 50_000 if i % 2 else 300)[1] for i in range(7) if i != 3]
+    assert len(messages) == 1 and "is corrupt; evicted, it will be rebuilt" in messages[0]
+    assert fresh.put(*synthetic(3))  # rebuilt
+    assert fresh.get(victim) is not None
+    assert_counters_match(fresh)
+
+    # the same damage found by `cache verify`: exit 1, the entry removed, the other six untouched
+    damage_record(directory, f"m/{victim}", how)
+    assert main(["cache", "verify", "--cache-dir", str(tmp_path), "--json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert [(f["kind"], f["name"]) for f in report["found"]] == [("entry", victim)]
+    assert main(["cache", "verify", "--cache-dir", str(tmp_path), "--json"]) == 0
+    capsys.readouterr()
+    after = Store(CacheConfig(directory, 1 << 30, False))
+    assert sorted(int(e.key, 16) for e in after.entries()) == [0, 1, 2, 4, 5, 6]
+    assert all(after.get(f"{i:064x}") is not None for i in (0, 1, 2, 4, 5, 6))
+
+
+def test_a_tuning_record_that_does_not_decode_is_evicted(tmp_path):
+    store = Store(CacheConfig(tmp_path / "v1", 1 << 30, False))
+    store.put_record("t", "a" * 64, {"config": "x"})
+    store.put_record("t", "b" * 64, {"config": "y"})
+    damage_record(store.directory, "t/" + "a" * 64, "truncate")
+    record, messages = caught_warnings(lambda: store.get_record("t", "a" * 64))
+    assert record is None and len(messages) == 1 and "corrupt" in messages[0]
+    assert store.get_record("t", "b" * 64) == {"config": "y"}
+    damage_record(store.directory, "t/" + "b" * 64, "not-utf8")
+    assert [(f.kind, f.name) for f in store.verify()] == [("record", "t/" + "b" * 64)]
+
+
+def damage_database(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "flip":
+        data[3] ^= 0x01  # inside "SQLite format 3"
+    else:
+        data = data[: len(data) // 2]
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["flip", "truncate"])
+def test_damaged_database_is_moved_aside_and_the_next_run_works(examples_bundle, tmp_path, rng, how):
+    directory = tmp_path / "v1"
+    store = Store(CacheConfig(directory, 1 << 30, False))
+    store.put_many(synthetic(i, 300) for i in range(300))
+    store.close()
+    damage_database(directory / "cache.db", how)
+
+    fresh = Store(CacheConfig(directory, 1 << 30, False))
+    kernel, messages = caught_warnings(lambda: portkern.load(examples_bundle, store=fresh).kernel("gemm_rowsum"))
+    assert len(messages) == 1 and "moved aside to cache.db.damaged-" in messages[0], messages
+    assert kernel.origin == "finalized"
+    assert len([p for p in directory.glob("cache.db.damaged-*") if not p.name.endswith(("-wal", "-shm"))]) == 1
+    fresh.close()
+
+    again = Store(CacheConfig(directory, 1 << 30, False))
+    kernel, messages = caught_warnings(lambda: portkern.load(examples_bundle, store=again).kernel("gemm_rowsum"))
+    assert kernel.origin == "cache" and messages == []
+    example = EXAMPLES["gemm_rowsum"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def test_verify_removes_stray_files_and_stale_locks_and_clear_removes_everything(tmp_path):
+    directory = tmp_path / "v1"
+    store = Store(CacheConfig(directory, 1 << 30, False))
+    store.put_many(synthetic(i, 40_000) for i in range(3))
+    stray = directory / "ab" / "cd" / "0123456789abcdef0123456789.val"
+    stray.parent.mkdir(parents=True)
+    stray.write_bytes(b"partial write of a killed process")
+    (directory / "locks").mkdir(exist_ok=True)
+    (directory / "locks" / "deadbeef.lock").write_text("")
+    (directory / "notes.txt").write_text("unknown to the database")
+    found = {(f.kind, f.name) for f in store.verify()}
+    assert found == {("file", "ab/cd/0123456789abcdef0123456789.val"), ("lock", "locks/deadbeef.lock"), ("file", "notes.txt")}
+    assert store.verify() == [] and len(store.entries()) == 3
+    (directory / "more-unknown").mkdir()
+    assert store.clear() == 3
+    assert list(directory.iterdir()) == []
+    assert store.entries() == [] and store.stats()["bytes"] == 0
+
+
+def test_a_row_whose_file_is_gone_is_removed_by_verify(tmp_path):
+    store = Store(CacheConfig(tmp_path / "v1", 1 << 30, False))
+    store.put_many(synthetic(i, 40_000) for i in range(2))
+    (victim,) = [p for p in store.directory.rglob("*.val")][:1]
+    victim.unlink()
+    found = store.verify()
+    assert {f.kind for f in found} == {"file", "entry"} and len(store.entries()) == 1
+    assert_counters_match(store)
+
+
+def test_lock_files_do_not_pile_up(tmp_path):
+    store = Store(CacheConfig(tmp_path / "v1", 1 << 30, False))
+    for i in range(5):
+        with store.lock(f"{i:064x}"):
+            assert len(list((store.directory / "locks").iterdir())) == 1
+    assert list((store.directory / "locks").iterdir()) == []
+
+
+def test_scratch_directories_of_dead_processes_are_swept(tmp_path):
+    dead = subprocess.run(["sh", "-c", "echo $$"], capture_output=True, text=True).stdout.strip()
+    orphan = tmp_path / f"portkern-pocl-{dead}-abc123"
+    mine = Path(scratch.make("pocl"))
+    try:
+        orphan.mkdir()
+        (orphan / "kernel.so").write_bytes(b"x")
+        alive = tmp_path / mine.name
+        alive.mkdir()
+        assert scratch.orphaned(tmp_path) == [orphan]
+        assert scratch.sweep(tmp_path) == [orphan] and not orphan.exists() and alive.exists()
+    finally:
+        mine.rmdir()
+
+
+def test_an_old_cache_without_the_index_is_indexed_on_open(tmp_path):
+    directory = tmp_path / "v1"
+    store = Store(CacheConfig(directory, 1 << 30, False))
+    store.put_many(synthetic(i, 1000) for i in range(4))
+    store.close()
+    db = sqlite3.connect(directory / "cache.db")
+    for table in ("portkern_entries", "portkern_totals", "portkern_counters", "portkern_meta"):
+        db.execute(f"DROP TABLE {table}")
+    db.commit()
+    db.close()
+    reopened = Store(CacheConfig(directory, 1 << 30, False))
+    assert len(reopened.entries()) == 4 and reopened.stats()["bytes"] == 4000
+    assert_counters_match(reopened)
+
+
+@pytest.mark.parametrize("value", ["-1", "abc", "1e9"])
+def test_a_bad_size_setting_warns_once_and_runs(examples_bundle, monkeypatch, rng, value):
+    monkeypatch.setenv("PORTKERN_CACHE_MAXSIZE", value)
+    config, messages = caught_warnings(from_env)
+    assert config.max_size == DEFAULT_MAX_SIZE and len(messages) == 1 and "PORTKERN_CACHE_MAXSIZE" in messages[0]
+    kernel, messages = caught_warnings(lambda: portkern.load(examples_bundle).kernel("gemm_rowsum"))
+    assert messages == []  # said once per process
+    example = EXAMPLES["gemm_rowsum"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+@pytest.mark.parametrize(
+    "value, disabled, warns",
+    [("1", True, False), ("TRUE", True, False), (" yes ", True, False), ("on", True, False),
+     ("0", False, False), ("false", False, False), ("No", False, False), ("off", False, False),
+     ("", False, False), ("2", False, True), ("disable", False, True)],
+)
+def test_boolean_settings_take_the_usual_spellings(monkeypatch, value, disabled, warns):
+    monkeypatch.setenv("PORTKERN_CACHE_DISABLE", value)
+    config, messages = caught_warnings(from_env)
+    assert config.disabled is disabled
+    assert len(messages) == (1 if warns else 0)
+
+
+def test_an_empty_cache_dir_setting_warns_and_uses_the_default(monkeypatch):
+    from portkern.cache.config import default_directory
+
+    monkeypatch.setenv("PORTKERN_CACHE_DIR", "")
+    config, messages = caught_warnings(from_env)
+    assert config.directory.parent == default_directory()
+    assert len(messages) == 1 and "PORTKERN_CACHE_DIR" in messages[0] and "empty" in messages[0]
