@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
 from portkern.errors import CacheError
@@ -36,8 +36,12 @@ class Entry:
     finalize_s: float = 0.0
     kernel_time_s: float | None = None
 
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain data (shallow: `device` and `flags` are shared, not copied)."""
+        return {name: getattr(self, name) for name in _NAMES}
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: Any) -> "Entry":
@@ -64,6 +68,9 @@ class Entry:
                 raise CorruptRecordError(f"field {f.name!r} has the wrong type")
             values[f.name] = value
         return cls(**values)
+
+
+_NAMES = tuple(f.name for f in fields(Entry))
 
 
 def _number(value: Any) -> bool:

@@ -14,7 +14,7 @@ so index rows move together with the records they describe.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass, fields
+from dataclasses import dataclass, fields
 import sqlite3
 from typing import Iterable
 
@@ -59,7 +59,8 @@ class Row:
     device_digest: str
 
 
-_COLUMNS = ", ".join(f.name for f in fields(Row))
+_NAMES = tuple(f.name for f in fields(Row))
+_COLUMNS = ", ".join(_NAMES)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,8 @@ def install(con: sqlite3.Connection, rows: Iterable[Row]) -> None:
 def add(con: sqlite3.Connection, row: Row) -> None:
     """Index an artifact, replacing any row of the same key (the totals follow)."""
     con.execute("DELETE FROM portkern_entries WHERE key = ?", (row.key,))
-    con.execute(f"INSERT INTO portkern_entries ({_COLUMNS}) VALUES ({', '.join('?' * len(fields(Row)))})", astuple(row))
+    con.execute(f"INSERT INTO portkern_entries ({_COLUMNS}) VALUES ({', '.join('?' * len(_NAMES))})",
+                tuple(getattr(row, name) for name in _NAMES))
 
 
 def remove(con: sqlite3.Connection, key: str) -> bool:

@@ -11,12 +11,13 @@ but never match this one; a local entry that is intact is never replaced.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from portkern import framing
+from portkern import framing, schemas
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, tuning_key
 from portkern.cache.store import Entry, Store, matches_device
@@ -47,6 +48,26 @@ class TransferReport:
             "skipped": self.skipped,
             "rejected": self.rejected,
         }
+
+
+@functools.lru_cache(maxsize=1)
+def _compiled_schema():
+    import fastjsonschema
+
+    # The schema keeps to keywords draft 7 shares with 2020-12 ($defs are plain JSON pointers).
+    return fastjsonschema.compile({**schemas.schema("cache-export"), "$schema": "http://json-schema.org/draft-07/schema#"})
+
+
+def check_meta(meta: object) -> None:
+    """Check an export's metadata against `schemas/cache-export.schema.json`; `CacheError` at the first
+    violation. Compiled (fastjsonschema): an export can carry 65,536 entries."""
+    import fastjsonschema
+
+    try:
+        _compiled_schema()(meta)
+    except fastjsonschema.JsonSchemaValueException as exc:
+        where = "/".join(str(part) for part in exc.path[1:]) or "meta"
+        raise CacheError(f"metadata does not match the cache-export schema at {where}: {exc.message[:300]}") from None
 
 
 def export(store: Store, path: str | Path, *, device: str | None = None, keys: Iterable[str] | None = None) -> TransferReport:
@@ -86,7 +107,8 @@ def import_(store: Store, path: str | Path) -> TransferReport:
         raise CacheError(f"cannot read {path}: {exc.strerror or exc}") from None
     try:
         _, _, document = framing.unpack(FORMAT, raw)
-        meta, blobs = framing.meta_and_blobs(document, "cache-export", CacheError)
+        meta, blobs = framing.meta_and_blobs(document, "cache-export", CacheError, validate=False)
+        check_meta(meta)
     except CacheError as exc:
         raise CacheError(f"{path}: {exc}") from None
     report = TransferReport(str(path))

@@ -148,3 +148,42 @@ def test_import_refuses_schema_violations(tmp_path, capsys):
     path.write_bytes(framing.pack(FORMAT, {"meta": {"format": "portkern-cache-export", "version": [1, 0], "entries": [{"key": "../x"}], "records": []}, "blobs": {}}))
     assert main(["cache", "import", str(path), "--cache-dir", str(tmp_path / "c")]) == 1
     assert "cache-export schema at entries/0" in capsys.readouterr().err
+
+
+def _valid_meta() -> dict:
+    from dataclasses import asdict
+
+    from test_cache_scale import synthetic
+
+    key, data, entry = synthetic(1)
+    entry.size, entry.sha256, entry.kernel_digest = len(data), "0" * 64, "1" * 64
+    return {"format": "portkern-cache-export", "version": [1, 0], "entries": [asdict(entry)], "records": []}
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda m: m["entries"][0].update(key="../../x"),
+        lambda m: m["entries"][0].update(size=-1),
+        lambda m: m["entries"][0].update(size="12"),
+        lambda m: m["entries"][0].update(unexpected=1),
+        lambda m: m["entries"][0].pop("sha256"),
+        lambda m: m["entries"][0]["device"].update(kind="../x"),
+        lambda m: m["entries"][0].update(config="x" * 5000),
+        lambda m: m["entries"][0].update(format="elf"),
+        lambda m: m.update(records=[{"kind": "p", "key": "0" * 64, "record": {}}]),
+        lambda m: m.update(version=[1]),
+    ],
+)
+def test_the_compiled_export_check_refuses_what_the_schema_refuses(change):
+    from portkern.cache.transfer import check_meta
+    from portkern.errors import CacheError
+    from portkern.schemas import validator
+
+    meta = _valid_meta()
+    check_meta(meta)
+    assert validator("cache-export").is_valid(meta)
+    change(meta)
+    assert not validator("cache-export").is_valid(meta)
+    with pytest.raises(CacheError, match="does not match the cache-export schema at"):
+        check_meta(meta)
