@@ -132,5 +132,13 @@ class TuningError(PortkernError):
     """Tuning could not produce any valid configuration."""
 
 
+class DispatchTuningError(TuningError):
+    """Tuning one dispatch of a kernel failed; says which kernel and dispatch, and why."""
+
+    def __init__(self, kernel: str, dispatch: str, reason: str) -> None:
+        super().__init__(f"{kernel}: dispatch {dispatch}: {reason}")
+        self.kernel, self.dispatch, self.reason = kernel, dispatch, reason
+
+
 #: `from portkern.errors import *` exports the error types only.
 __all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, Exception)]

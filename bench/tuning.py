@@ -42,12 +42,12 @@ from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices, finalize
 from portkern.portable.builder import build_file
-from portkern.tuner import dispatch
+from portkern.tuner import analysis
 from portkern.tuner.kernel_config import KernelConfig
 from portkern.tuner.measure import Bench, time_calls
 from portkern.tuner.pool import CompilePool, Job, Source, cores
 from portkern.tuner.session import Tuner, compile_config
-from portkern.tuner.space import space_for
+from portkern.tuner.registry import space_for
 
 STRATEGIES = ("quick", "full", "guided", "random")
 ROUNDS = 7
@@ -99,7 +99,7 @@ def compile_speedup(bundle, target) -> dict[str, float]:
     """Wall time to compile gemm_bias_relu's stage-1 candidates with 1 and with 2 workers."""
     record = bundle.record("gemm_bias_relu")
     stage = record.stage(target.family)
-    (found,) = dispatch.dispatches(finalize.configure(bundle.bundle, record, target))
+    (found,) = analysis.dispatches(finalize.configure(bundle.bundle, record, target))
     configs = [str(KernelConfig.of({0: c})) for c in space_for(found, cores()).stage_candidates(0, [])]
     source = Source(stage.blob, bundle.bundle.blob(stage.blob), stage.phase, record.name)
     walls = {}

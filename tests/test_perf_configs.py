@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from portkern.errors import PerfConfigError
-from portkern.tuner import kernel_config, perfconfig
+from portkern.tuner import kernel_config, registry
 from portkern.tuner.amdgpu_config import AmdGpuConfig
 from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.kernel_config import KernelConfig
@@ -26,8 +26,8 @@ AMD = [
 def test_string_round_trip(config):
     text = str(config)
     assert text.startswith(f"{config.family}:v1:")
-    assert perfconfig.parse(text) == config
-    assert str(perfconfig.parse(text)) == text
+    assert registry.parse(text) == config
+    assert str(registry.parse(text)) == text
 
 
 def test_known_strings():
@@ -70,7 +70,7 @@ def test_kernel_config_round_trip():
 )
 def test_bad_perf_configs_are_rejected(text, message):
     with pytest.raises(PerfConfigError, match=message):
-        perfconfig.parse(text)
+        registry.parse(text)
 
 
 @pytest.mark.parametrize(
@@ -92,7 +92,7 @@ def test_bad_kernel_configs_are_rejected(text, message):
 
 def test_a_family_can_be_required():
     with pytest.raises(PerfConfigError, match="needs a 'cpu' config"):
-        perfconfig.parse(str(AMD[0]), family="cpu")
+        registry.parse(str(AMD[0]), "cpu")
 
 
 def test_dataclasses_validate_values():

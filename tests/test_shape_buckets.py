@@ -140,7 +140,7 @@ def test_cli_tune_shapes_and_cache_ls_show_the_bucket(bundle_path, tmp_path, cap
     cache = str(tmp_path / "cache")
     argv = ["tune", str(bundle_path), "--kernel", "gemm_bounds", "--shapes", "a=2x64,16x64", "--budget", "1", "--workers", "1", "--cache-dir", cache, "--json"]
     assert main(argv) == 0
-    found = json.loads(capsys.readouterr().out)
+    found = json.loads(capsys.readouterr().out)["buckets"]
     assert [(r["bucket"], r["values"]) for r in found] == [("M<=4", {"M": 2}), ("M<=16", {"M": 16})]
     assert main(["cache", "ls", "--cache-dir", cache, "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)

@@ -12,12 +12,12 @@ from portkern.cache.store import Store
 from portkern.errors import PerfConfigError
 from portkern.jit import devices, finalize
 from portkern.portable.compiler import operations
-from portkern.tuner import dispatch as dispatch_module
+from portkern.tuner import analysis as dispatch_module
 from portkern.tuner.amdgpu_config import AmdGpuConfig
 from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.cpu_space import CpuSpace
 from portkern.tuner.kernel_config import KernelConfig
-from portkern.tuner.space import space_for
+from portkern.tuner.registry import space_for
 
 
 @pytest.fixture(scope="module")

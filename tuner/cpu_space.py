@@ -14,6 +14,15 @@ f32) keep out candidates that cannot compile or cannot be better:
   and the accumulator tile takes 1/4 to all of the vector registers; other
   vector tiles stay at most 16; distribution tiles divide their loop, are
   multiples of its vector tile and leave at least two workgroups per thread.
+- P5: a loop the compiler's default leaves at vector tile 1 (other than the
+  lane loop) stays at 1: the pipelines that choose it rely on it (a
+  convolution's output rows and window loops are decomposed one at a time).
+
+The lane loop is the innermost parallel loop whose default vector tile is a
+multiple of the lanes, else (reductions such as row sums) such a reduction
+loop, else (convolutions tiled below the lane count) the innermost parallel
+loop with the largest default vector tile; a root without any vectorised loop
+has a distribution-only space.
 
 Search runs in two stages: vector and reduction tiles at the default
 distribution (ranked single-threaded, where they decide the speed), then
@@ -71,28 +80,39 @@ class CpuSpace:
     def registers(self) -> int:
         return 32 if self.dispatch.native_vector_bytes >= 64 else 16
 
-    @property
+    @functools.cached_property
     def contraction(self) -> bool:
-        """A root with reduction loops and at least two vectorised parallel loops (a GEMM)."""
+        """A root with reduction loops, a lane loop and at least two vectorised parallel loops (a GEMM,
+        a convolution)."""
         d = self.dispatch
         vectorised = [i for i, p in enumerate(d.parallel) if p and self.default.vector_parallel[i]]
-        return not all(d.parallel) and len(vectorised) >= 2
+        return not all(d.parallel) and len(vectorised) >= 2 and self.lane is not None
+
+    @functools.cached_property
+    def lane(self) -> int | None:
+        """The loop vectorised across lanes (see the module docstring), None when no loop is vectorised."""
+        d, default = self.dispatch, self.default
+        tiles = [default.vector_parallel[i] if p else default.vector_reduction[i] for i, p in enumerate(d.parallel)]
+        for wanted in (True, False):
+            multiples = [i for i, p in enumerate(d.parallel) if p == wanted and tiles[i] and tiles[i] % self.lanes == 0]
+            if multiples:
+                return multiples[-1]
+        widest = max((tiles[i] for i, p in enumerate(d.parallel) if p), default=0)
+        if widest > 1:
+            return max(i for i, p in enumerate(d.parallel) if p and tiles[i] == widest)
+        return None
 
     def _lane_dims(self) -> list[int]:
-        """Loops vectorised across lanes: parallel loops whose default vector tile is a lane multiple,
-        else (reductions such as row sums) reduction loops whose default tile is."""
-        d, default = self.dispatch, self.default
-        parallel = [i for i, p in enumerate(d.parallel) if p and default.vector_parallel[i] % self.lanes == 0 and default.vector_parallel[i]]
-        if parallel:
-            return parallel[-1:]
-        return [i for i, p in enumerate(d.parallel) if not p and default.vector_reduction[i] and default.vector_reduction[i] % self.lanes == 0][-1:]
+        return [] if self.lane is None else [self.lane]
 
     def _tile_choices(self, dim: int) -> list[int]:
         d, default = self.dispatch, self.default
         current = default.vector_parallel[dim] if d.parallel[dim] else default.vector_reduction[dim]
         if not current:
             return [0]
-        if dim in self._lane_dims():
+        if current == 1 and dim != self.lane:
+            return [1]  # P5
+        if dim == self.lane:
             values = [self.lanes * k for k in LANE_MULTIPLES]
         elif d.parallel[dim]:
             values = list(SMALL_TILES)
@@ -203,7 +223,7 @@ class CpuSpace:
         every = self.stage_candidates(0, ())
         if not self.contraction:
             return sorted(every, key=self._distance)[: len(QUICK_SHAPES)]
-        lane = self._lane_dims()[0]
+        lane = self.lane
         wanted = []
         for rows, vectors in QUICK_SHAPES:
             for k in QUICK_REDUCTION:
@@ -211,9 +231,10 @@ class CpuSpace:
         return _unique(wanted)
 
     def _shape(self, config: CpuConfig, lane: int) -> tuple[int, int, int]:
-        rows = [v for i, v in enumerate(config.vector_parallel) if v and i != lane]
+        """(accumulator rows, lane-loop tile, innermost reduction tile) of a contraction's register tile."""
+        rows = math.prod(v for i, v in enumerate(config.vector_parallel) if v and i != lane)
         reduction = [v for v in config.vector_reduction if v]
-        return (rows[-1] if rows else 1, config.vector_parallel[lane], reduction[-1] if reduction else 0)
+        return (rows, config.vector_parallel[lane], reduction[-1] if reduction else 0)
 
     def joint(self) -> list[CpuConfig]:
         """Every valid candidate, vector and distribution tiles varied together."""
@@ -250,8 +271,7 @@ class CpuSpace:
         a single-thread sweep of a 256x384x512 f32 GEMM on AVX-512 to within ~5%."""
         if not self.contraction:
             return 1.0 + 0.1 * self._distance(config)
-        lane = self._lane_dims()[0]
-        rows, width, k = self._shape(config, lane)
+        rows, width, k = self._shape(config, self.lane)  # type: ignore[arg-type]
         vectors = math.ceil(width / self.lanes)
         cost = 1 + ROW_WEIGHT / rows + VECTOR_WEIGHT / vectors
         needed = rows * vectors + vectors + 1

@@ -11,7 +11,8 @@ import can re-derive their keys:
   config string that `bundle.kernel(name)` then uses without searching.
 
 A stored result answers a request when its strategy was at least as thorough
-(`strategies.level`).
+(`strategies.level`) and, unless the request itself is limited (a budget or a
+time limit), when its search was complete.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ def dispatch_problem(dispatch: Dispatch, target: Target) -> str:
     return problem_key(dispatch.problem, runtime_context(target))
 
 
-def satisfies(record: dict[str, Any] | None, strategy: str) -> bool:
-    """Whether a stored record answers a request for `strategy`."""
+def satisfies(record: dict[str, Any] | None, strategy: str, limited: bool = False) -> bool:
+    """Whether a stored record answers a request for `strategy` (`limited`: the request has its own
+    budget or time limit, so an incomplete search of the same thoroughness does)."""
     if not record or not isinstance(record.get("config"), str) or not isinstance(record.get("strategy"), str):
+        return False
+    if record.get("complete", True) is not True and not limited:
         return False
     return strategies.level(record["strategy"]) >= strategies.level(strategy)
 
@@ -66,7 +70,7 @@ class TuningDB:
         return self.store.get_tuning(problem, target.fingerprint, self.compiler)
 
     def put_selection(self, problem: str, target: Target, bundle: str, result: TuneResult) -> bool:
-        fields = {k: v for k, v in result.to_dict().items() if k not in ("device", "source", "wall_s", *_KEY_PARTS)}
+        fields = {k: v for k, v in result.to_dict().items() if k not in ("device", "source", "wall_s", "failed_candidates", *_KEY_PARTS)}
         record = {"kind": "kernel", "bundle": bundle, "device_label": target.label, "created": time.time(), **fields}
         return self.store.put_tuning(problem, target.fingerprint, self.compiler, record)
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
 from portkern.errors import PerfConfigError
-from portkern.tuner import perfconfig
+from portkern.tuner import perfconfig, registry
 from portkern.tuner.perfconfig import PerfConfig
 
 DEFAULT = "default"
@@ -71,7 +71,7 @@ def parse(text: str) -> KernelConfig:
             raise PerfConfigError(f"kernel config entry {entry!r} is not <dispatch index>=<perf config>")
         if int(index) in configs:
             raise PerfConfigError(f"kernel config {text!r} names dispatch {index} twice")
-        configs[int(index)] = perfconfig.parse(body)
+        configs[int(index)] = registry.parse(body)
     config = KernelConfig.of(configs)
     if str(config) != text:
         raise PerfConfigError(f"kernel config {text!r} is not in canonical form (dispatches in increasing order): {config}")

@@ -3,7 +3,9 @@
 Inputs are uploaded to the device once per driver and reused by every
 candidate (copying NumPy inputs on each call costs 0.1-0.4 ms on `local-task`,
 as much as a whole GEMM). Each measurement is a warm-up followed by timed
-calls; a timing is their median with the quartiles as its spread. Finalists
+calls. Candidates rank by the fastest call (`Timing.min_s`): load from other
+processes only ever adds time. The median and the interquartile spread are
+reported beside it (`--json`) to show how noisy a measurement was. Finalists
 are re-timed interleaved, round by round, so a load spike from another
 process hits all of them alike.
 """
@@ -55,7 +57,9 @@ class Timing:
         return cls(ordered[n // 2], ordered[n // 4], ordered[(3 * n) // 4], ordered[0], n)
 
     def to_dict(self) -> dict:
-        return {"median_s": self.median_s, "q1_s": self.q1_s, "q3_s": self.q3_s, "min_s": self.min_s, "runs": self.runs}
+        return {
+            "median_s": self.median_s, "q1_s": self.q1_s, "q3_s": self.q3_s, "min_s": self.min_s, "runs": self.runs, "spread": self.spread,
+        }
 
 
 def driver_for(ranking: str, deployed: str) -> str:

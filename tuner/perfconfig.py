@@ -26,7 +26,7 @@ _TOKEN = re.compile(r"[A-Za-z0-9_]{1,64}")
 
 @runtime_checkable
 class PerfConfig(Protocol):
-    """A perf config of one target family (see `FAMILIES`)."""
+    """A perf config of one target family (`registry.FAMILIES` lists them; `registry.parse` reads the string form)."""
 
     family: ClassVar[str]
     version: ClassVar[int]
@@ -76,28 +76,6 @@ class VersionedConfig:
 def to_string(config: PerfConfig) -> str:
     """The versioned string form of a perf config."""
     return f"{config.family}:v{config.version}:{','.join(config.fields())}"
-
-
-def parse(text: str, family: str | None = None) -> PerfConfig:
-    """A perf config from its string form (of `family`, when given)."""
-    from portkern.tuner.amdgpu_config import AmdGpuConfig
-    from portkern.tuner.cpu_config import CpuConfig
-
-    families: dict[str, type] = {c.family: c for c in (CpuConfig, AmdGpuConfig)}
-    if not isinstance(text, str) or not text or len(text) > MAX_CONFIG_CHARS:
-        raise PerfConfigError(f"a perf config must be a non-empty string of at most {MAX_CONFIG_CHARS} characters")
-    name, sep1, rest = text.partition(":")
-    version, sep2, body = rest.partition(":")
-    if not (sep1 and sep2):
-        raise PerfConfigError(f"perf config {text!r} is not of the form <family>:v<version>:<fields>")
-    cls = families.get(name)
-    if cls is None:
-        raise PerfConfigError(f"perf config {text!r}: unknown family {name!r} (known: {', '.join(sorted(families))})")
-    if family is not None and name != family:
-        raise PerfConfigError(f"perf config {text!r} is for {name!r}, this dispatch needs a {family!r} config")
-    if version != f"v{cls.version}":
-        raise PerfConfigError(f"perf config {text!r}: unknown {name} version {version!r} (this portkern reads v{cls.version})")
-    return cls.from_fields(body.split(","))
 
 
 def expect_fields(family: str, fields: Sequence[str], count: int) -> None:

@@ -74,6 +74,8 @@ class DispatchResult:
     note: str = ""
     #: Search wall time for this dispatch.
     wall_s: float = 0.0
+    #: False when a time limit or a budget stopped the search before the strategy's end.
+    complete: bool = True
 
     @property
     def speedup(self) -> float | None:
@@ -114,9 +116,15 @@ class TuneResult:
 
     @property
     def speedup(self) -> float | None:
+        """Kernel call time at the compiler's default over that at `config`, timed side by side."""
         if self.default_s and self.best_s:
             return self.default_s / self.best_s
         return None
+
+    @property
+    def complete(self) -> bool:
+        """Whether every searched dispatch ran its strategy to the end (no time limit or budget cut it short)."""
+        return all(d.complete for d in self.dispatches)
 
     def to_dict(self, evaluations: bool = False) -> dict[str, Any]:
         data = {
@@ -130,8 +138,12 @@ class TuneResult:
             "speedup": self.speedup,
             "wall_s": self.wall_s,
             "note": self.note,
+            "complete": self.complete,
             "dispatches": [d.to_dict() for d in self.dispatches],
         }
+        data["failed_candidates"] = [
+            {"config": e.config, "status": e.status, "reason": e.error} for e in self.evaluations if e.status in (*FAILED, "wrong")
+        ]
         if evaluations:
             data["evaluations"] = [e.to_dict() for e in self.evaluations]
         return data

@@ -86,8 +86,22 @@ class Search:
         return max(0, self.budget.evaluations - len(self._seen))
 
     @property
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.perf_counter() >= self.deadline
+
+    @property
     def exhausted(self) -> bool:
-        return self.remaining == 0 or (self.deadline is not None and time.perf_counter() >= self.deadline)
+        return self.remaining == 0 or self.out_of_time
+
+    def stopped_by(self) -> str:
+        """What ended the search early: "time limit", "budget", or "" (the strategy ran to its end).
+
+        A budget counts only when it was reached: a strategy with candidates
+        left cannot tell whether they would have won.
+        """
+        if self.out_of_time:
+            return "time limit"
+        return "budget" if self.remaining == 0 else ""
 
     def plan(self, count: int) -> None:
         """Tell progress displays how many more candidates are expected."""

@@ -19,13 +19,12 @@ import time
 from typing import Callable
 
 from portkern.cache.keys import tuning_key
-from portkern.errors import PerfConfigError, TuningError
+from portkern.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError
 from portkern.jit import finalize
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord
 from portkern.portable.compiler import bytecode
-from portkern.tuner import dispatch as dispatches_of
-from portkern.tuner import kernel_config, perfconfig, strategies
+from portkern.tuner import analysis, kernel_config, perfconfig, registry, strategies
 from portkern.tuner.buckets import tune_shapes
 from portkern.tuner.db import TuningDB, result_from_selection, satisfies
 from portkern.tuner.dispatch import Dispatch
@@ -35,7 +34,6 @@ from portkern.tuner.measure import ROUNDS
 from portkern.tuner.pool import DEFAULT_TIMEOUT_S, CompilePool, Source, cores
 from portkern.tuner.results import DispatchResult, TuneResult
 from portkern.tuner.search import Budget, Progress, Search
-from portkern.tuner.space import space_for
 
 #: A winner must be this much faster than the default (relative), beyond timing noise.
 MIN_GAIN = 0.03
@@ -91,20 +89,23 @@ class Tuner:
         if not toolchain_for(record).tunable:
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=f"{record.kind} kernels are not tuned")
         check_toolchain(record, target)
+        db = TuningDB(loaded.store, compiler_id(record))
+        problem = selection_problem(record, target)
         if module.LEVEL == 0:
-            return TuneResult(record.name, target.label, strategy, DEFAULT, "default")
+            result = TuneResult(record.name, target.label, strategy, DEFAULT, "default", note="the compiler's default, stored as the kernel's selection")
+            db.put_selection(problem, target, loaded.bundle.name, result)
+            return result
         dynamic = _dynamic_dimension(record)
         if dynamic:
             note = f"{dynamic} is dynamic: the dynamic default runs; tune per shape bucket with shapes=[...] (portkern tune --shapes)"
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=note)
-        db = TuningDB(loaded.store, compiler_id(record))
-        problem = selection_problem(record, target)
+        limited = budget is not None or time_limit is not None
         stored = None if retune else db.selection(problem, target)
-        if satisfies(stored, strategy) and _valid(stored["config"]):
+        if satisfies(stored, strategy, limited) and _valid(stored["config"]):
             return result_from_selection(stored, record.name, target.label)
         with self._busy, loaded.store.lock(tuning_key(problem, target.fingerprint, db.compiler)):
             stored = None if retune else db.selection(problem, target)
-            if satisfies(stored, strategy) and _valid(stored["config"]):
+            if satisfies(stored, strategy, limited) and _valid(stored["config"]):
                 return result_from_selection(stored, record.name, target.label)
             run = _Run(self, loaded, record, target, module, db, budget, time_limit, retune, progress)
             result = run.execute()
@@ -140,6 +141,9 @@ class _Run:
                  budget: int | None, time_limit: float | None, retune: bool, progress) -> None:
         self.loaded, self.record, self.target, self.module, self.db = loaded, record, target, module, db
         self.budget = budget if budget is not None else module.BUDGET.evaluations
+        #: A request with its own budget or time limit: incomplete stored results of its strategy answer it.
+        self.limited = budget is not None or time_limit is not None
+        self.user_budget = budget is not None
         self.deadline = time.perf_counter() + time_limit if time_limit else None
         self.retune = retune
         self.progress = progress
@@ -150,7 +154,7 @@ class _Run:
         self.evaluator = Evaluator(tuner.pool(target), source, record.entry, record.signature, target.driver)
 
     def execute(self) -> TuneResult:
-        found = dispatches_of.dispatches(self.configured)
+        found = analysis.dispatches(self.configured)
         chosen = {d.index for d in self.module.choose(found)}
         results = {d.index: DispatchResult(d.index, d.name, d.problem, note=d.reason or "left at default by the strategy") for d in found}
         base = KernelConfig()
@@ -159,7 +163,7 @@ class _Run:
             if d.index not in chosen:
                 continue
             stored = None if self.retune else self.db.dispatch(d, self.target)
-            config = _stored_config(stored, d, self.module.NAME)
+            config = _stored_config(stored, d, self.module.NAME, self.limited)
             if config is False:
                 to_search.append(d)
                 continue
@@ -169,7 +173,10 @@ class _Run:
             return TuneResult(self.record.name, self.target.label, self.module.NAME, DEFAULT, "default", list(results.values()))
         searched = False
         for position, d in enumerate(to_search):
-            results[d.index], config = self._search(d, base, len(to_search) - position)
+            try:
+                results[d.index], config = self._search(d, base, len(to_search) - position)
+            except PortkernError as exc:
+                raise DispatchTuningError(self.record.name, d.label, f"{type(exc).__name__}: {exc}") from exc
             base = base.with_dispatch(d.index, config)
             searched = searched or results[d.index].source == "search"
         try:
@@ -183,11 +190,11 @@ class _Run:
         if self.deadline is not None:
             seconds = (self.deadline - time.perf_counter()) / left
             if seconds <= 0:
-                result.source, result.note = "skipped", "time limit reached"
+                result.source, result.note, result.complete = "skipped", "time limit reached before this dispatch", False
                 return result, None
-        space = space_for(d, cores())
+        space = registry.space_for(d, cores())
         if space is None:
-            result.source, result.note = "skipped", f"no search space for {d.family or 'this target'}"
+            result.source, result.note = "skipped", registry.no_space_reason(d)
             return result, None
         search = Search(self.evaluator, space, base, d.index, Budget(self.budget, seconds), self.record.name, self.progress)
         started = time.perf_counter()
@@ -195,6 +202,14 @@ class _Run:
         config, timings = self._decide(search)
         counts = search.counts()
         result.evaluated, result.failed, result.wrong, result.duplicates = (counts[k] for k in ("evaluated", "failed", "wrong", "duplicates"))
+        stopped = search.stopped_by()
+        if stopped == "time limit" or stopped == "budget" and self.user_budget:
+            result.complete = False
+            result.note = f"stopped by the {stopped} after {result.evaluated} candidates: incomplete"
+        elif not result.evaluated:
+            result.note = f"the {self.module.NAME} strategy has no candidate besides the compiler's default in this dispatch's space"
+        elif result.evaluated == result.failed + result.wrong + result.duplicates:
+            result.note = "no candidate compiled, checked and timed: the default stays"
         result.default_s, result.best_s = timings
         result.config = perfconfig.to_string(config) if config is not None else DEFAULT
         result.wall_s = time.perf_counter() - started
@@ -244,14 +259,14 @@ class _Run:
         return result
 
 
-def _stored_config(stored: dict | None, d: Dispatch, strategy: str):
+def _stored_config(stored: dict | None, d: Dispatch, strategy: str, limited: bool):
     """A stored dispatch result's config (None: the default), or False when it does not answer."""
-    if not satisfies(stored, strategy):
+    if not satisfies(stored, strategy, limited):
         return False
     if stored["config"] == DEFAULT:
         return None
     try:
-        config = perfconfig.parse(stored["config"], family=d.family)
+        config = registry.parse(stored["config"], d.family)
     except PerfConfigError:
         return False
     return config if config.rank == len(d.sizes) else False
@@ -297,5 +312,5 @@ def compile_config(bundle: Bundle, record: KernelRecord, target: Target, config:
     if parsed.is_default:
         return finalize.finalize(bundle, record, target)
     module = finalize.configure(bundle, record, target)
-    stamped = dispatches_of.stamp(module, parsed, finalize.compiler_for(target).context)
+    stamped = analysis.stamp(module, parsed, finalize.compiler_for(target).context)
     return finalize.finish(target, stamped, finalize.CONFIGURED_PHASE, record.name)

@@ -50,14 +50,3 @@ class Space(Protocol):
     def prune_reason(self, config: PerfConfig) -> str | None:
         """Why a config is not a candidate, None when it is."""
         ...
-
-
-def space_for(dispatch: Dispatch, threads: int) -> Space | None:
-    """The search space of a dispatch on a device with `threads` worker threads, None if there is none."""
-    if not dispatch.tunable:
-        return None
-    if dispatch.family == "cpu":
-        from portkern.tuner.cpu_space import CpuSpace
-
-        return CpuSpace(dispatch, threads)
-    return None

@@ -72,7 +72,7 @@ class _Kernels:
 
     def configured(self, source: dict) -> tuple[Any, float]:
         from portkern.jit.finalize import CONFIGURED_PHASE
-        from portkern.tuner import dispatch
+        from portkern.tuner import analysis
 
         key = source["key"]
         if key in self.modules:
@@ -81,7 +81,7 @@ class _Kernels:
         module = self.compiler.parse(source["blob"], name=source["name"])
         if source["phase"] != CONFIGURED_PHASE:
             module = self.compiler.lower(module, from_phase=source["phase"], to_phase=CONFIGURED_PHASE, name=source["name"])
-        dispatch.dispatches(module)  # the first analysis loads dialect bindings: setup, not stamping
+        analysis.dispatches(module)  # the first analysis loads dialect bindings: setup, not stamping
         self.modules[key] = module
         return module, time.perf_counter() - start
 
@@ -89,13 +89,13 @@ class _Kernels:
 def _compile(kernels: _Kernels, job: dict) -> dict:
     from portkern.errors import PortkernError
     from portkern.jit.finalize import CONFIGURED_PHASE
-    from portkern.tuner import dispatch, kernel_config
+    from portkern.tuner import analysis, kernel_config
 
     result: dict[str, Any] = {"id": job["id"], "ok": False, "vmfb": None, "error": "", "setup_s": 0.0, "stamp_s": 0.0, "compile_s": 0.0}
     try:
         module, result["setup_s"] = kernels.configured(job["source"])
         start = time.perf_counter()
-        stamped = dispatch.stamp(module, kernel_config.parse(job["config"]), kernels.compiler.context)
+        stamped = analysis.stamp(module, kernel_config.parse(job["config"]), kernels.compiler.context)
         stamped_at = time.perf_counter()
         result["stamp_s"] = stamped_at - start
         result["vmfb"] = kernels.compiler.to_vmfb(stamped, from_phase=CONFIGURED_PHASE, name=job["source"]["name"])

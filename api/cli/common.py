@@ -12,6 +12,10 @@ from typing import Any, Callable
 
 from portkern.errors import PortkernError, UsageError, message_lines
 
+#: Version of the `--json` output of `build`, `finalize`, `run` and `tune` (its `json_format` field);
+#: raised when a field changes meaning or goes away.
+JSON_FORMAT = 1
+
 #: Exit status of a command whose output pipe closed early (as for a process ended by SIGPIPE).
 BROKEN_PIPE_STATUS = 141
 

@@ -6,8 +6,8 @@ import argparse
 import time
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, console, store_from, table
-from portkern.errors import TuningError
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, console, store_from, table
+from portkern.errors import DispatchTuningError, PortkernError, TuningError
 
 
 def register(sub) -> None:
@@ -35,10 +35,14 @@ def register(sub) -> None:
 def run_tune(args: argparse.Namespace) -> Report:
     import portkern
     from portkern.jit import devices
+    from portkern.tuner import strategies
+    from portkern.tuner.search import Budget
     from portkern.tuner.session import Tuner
 
     if args.workers is not None and args.workers < 1:
         raise TuningError("--workers must be at least 1")
+    strategies.get(args.strategy)
+    Budget(args.budget, args.time_limit)  # bad options fail the command, not each kernel
     store = store_from(args)
     bundle = portkern.load(args.bundle, store=store)
     names = args.kernel or bundle.names()
@@ -48,17 +52,27 @@ def run_tune(args: argparse.Namespace) -> Report:
         raise TuningError(f"cannot tune for {target.label} here: {target.reason}")
     if args.shapes:
         return _tune_shapes(args, bundle, records, target)
-    results = []
+    results, errors = [], []
     deadline = time.perf_counter() + args.time_limit if args.time_limit else None
     with Tuner(workers=args.workers) as tuner, _progress(disabled=args.json) as show:
         for position, record in enumerate(records):
             time_limit = None
             if deadline is not None:
                 time_limit = max(1e-3, (deadline - time.perf_counter()) / (len(records) - position))
-            results.append(
-                tuner.tune(bundle, record, target, args.strategy, budget=args.budget, time_limit=time_limit, retune=args.retune, progress=show)
-            )
-    data = [r.to_dict() for r in results]
+            try:
+                results.append(
+                    tuner.tune(bundle, record, target, args.strategy, budget=args.budget, time_limit=time_limit, retune=args.retune, progress=show)
+                )
+            except PortkernError as exc:  # one kernel's failure: reported, the others are still tuned
+                errors.append(_error(record.name, exc))
+    data = {
+        "json_format": JSON_FORMAT,
+        "device": target.label,
+        "strategy": args.strategy,
+        "ok": not errors,
+        "kernels": [r.to_dict(evaluations=True) for r in results],
+        "errors": errors,
+    }
 
     def render(out):
         rows = []
@@ -66,14 +80,34 @@ def run_tune(args: argparse.Namespace) -> Report:
             for d in r.dispatches:
                 rows.append([
                     r.kernel, d.index, _ms(d.default_s), _ms(d.best_s), _speedup(d.speedup),
-                    d.evaluated, d.failed + d.wrong, d.source, d.config if d.source != "skipped" else d.note,
+                    d.evaluated, d.failed + d.wrong, d.source + ("" if d.complete else " (incomplete)"),
+                    d.note if d.source == "skipped" else f"{d.config} ({d.note})" if d.note else d.config,
                 ])
-        columns = ["kernel", "dispatch", "default ms", "best ms", "speedup", "evaluated", "failed", "from", "best config"]
-        out.print(table(f"{args.strategy} tuning on {target.label}", columns, rows))
+        columns = [
+            "kernel", "dispatch", "kernel ms, dispatch at default", "kernel ms, dispatch tuned", "dispatch speedup",
+            "evaluated", "failed", "from", "config",
+        ]
+        out.print(table(f"{args.strategy} tuning on {target.label} (per dispatch: whole-kernel call time with that dispatch changed)", columns, rows))
         for r in results:
-            out.print(f"{r.kernel}: {r.config}  ({_ms(r.default_s)} -> {_ms(r.best_s)} ms, {_speedup(r.speedup)}, {r.source}, {r.wall_s:.1f} s)")
+            out.print(
+                f"{r.kernel}: {r.config}  kernel call {_ms(r.default_s)} ms default -> {_ms(r.best_s)} ms chosen, "
+                f"speedup {_speedup(r.speedup)} ({r.source}, {r.wall_s:.1f} s{'' if r.complete else ', incomplete'})"
+            )
+        for e in errors:
+            where = f" dispatch {e['dispatch']}" if e["dispatch"] else ""
+            out.print(f"[red]{e['kernel']}{where}: not tuned: {e['type']}: {e['message']}[/red]")
 
-    return Report(data, render)
+    return Report(data, render, status=1 if errors else 0)
+
+
+def _error(kernel: str, exc: PortkernError) -> dict:
+    """A kernel's tuning failure as JSON: kernel, dispatch (when one failed) and the typed reason."""
+    return {
+        "kernel": kernel,
+        "dispatch": exc.dispatch if isinstance(exc, DispatchTuningError) else None,
+        "type": type(exc).__name__,
+        "message": " ".join((exc.reason if isinstance(exc, DispatchTuningError) else str(exc)).split()),
+    }
 
 
 def parse_shapes(items: list[str]) -> list[dict[str, tuple[int, ...]]]:
@@ -111,7 +145,8 @@ def _tune_shapes(args: argparse.Namespace, bundle, records, target) -> Report:
                 bundle, record, target, args.strategy, shapes, tuner=tuner, budget=args.budget, time_limit=args.time_limit,
                 retune=args.retune, progress=show,
             )
-    data = [{k: v for k, v in r.to_dict().items() if k != "tuning"} for r in found]
+    buckets = [{k: v for k, v in r.to_dict().items() if k != "tuning"} for r in found]
+    data = {"json_format": JSON_FORMAT, "device": target.label, "strategy": args.strategy, "ok": True, "buckets": buckets, "errors": []}
 
     def render(out):
         rows = [

@@ -2,9 +2,11 @@
 
 A strategy module has `NAME`, `LEVEL` (how thorough: a stored result of an
 equal or higher level answers a request without searching again),
-`BUDGET` (its default `Budget`), `choose(dispatches)` (which dispatches
-of a kernel it tunes) and `search(search)` (proposes candidates to a
-`portkern.tuner.search.Search` until done or out of budget).
+`BUDGET` (its default `Budget`), and, when it searches (LEVEL > 0),
+`choose(dispatches)` (which dispatches of a kernel it tunes) and
+`search(search)` (proposes candidates to a `portkern.tuner.search.Search`
+until done or out of budget). A level-0 strategy (`default`) searches
+nothing: the tuner stores the compiler's default as the kernel's selection.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
-"""`default`: no search; the compiler's own config everywhere."""
+"""`default`: no search; the compiler's own config everywhere.
+
+`portkern tune --strategy default` stores `default` as the kernel's selection
+(without analysing the kernel), so the loader then uses the compiler's config
+until a search is asked for again.
+"""
 
 from __future__ import annotations
 
-from typing import Sequence
-
-from portkern.tuner.dispatch import Dispatch
-from portkern.tuner.search import Budget, Search
+from portkern.tuner.search import Budget
 
 NAME = "default"
 LEVEL = 0
 BUDGET = Budget(0)
-
-
-def choose(dispatches: Sequence[Dispatch]) -> list[Dispatch]:
-    return []
-
-
-def search(search: Search) -> None:
-    return None

@@ -1,0 +1,53 @@
+"""What the tuner needs to know about one target family: the contract every family module fills.
+
+A family (CPU, AMD GPU, ...) names its perf-config class, says which printed
+lowering configs belong to a dispatch's root op, reads the compiler's default
+config, rewrites the ops fused with the root (its followers) and the dispatch's
+translation info for a new config, and generates the search space. Families
+are listed in `registry`; nothing else branches on them.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from portkern.tuner.dispatch import Dispatch
+from portkern.tuner.perfconfig import PerfConfig
+from portkern.tuner.space import Space
+
+
+class Family:
+    """Base of the per-family descriptions (one module each, one instance in `registry.FAMILIES`)."""
+
+    #: The family name, as in perf-config strings (`<name>:v<version>:...`).
+    name: ClassVar[str]
+    #: The perf-config class of this family.
+    config: ClassVar[type]
+
+    def is_root(self, lowering_config: str) -> bool:
+        """Whether a printed lowering config is the one of a dispatch's root op."""
+        raise NotImplementedError
+
+    def claims(self, target: str, lowering_configs: list[str]) -> bool:
+        """Whether a dispatch of this printed executable target, with these lowering configs, is ours."""
+        raise NotImplementedError
+
+    def default_config(self, root_config: str, translation_info: str) -> PerfConfig:
+        """The compiler's own config, from the root's printed lowering config and the function's translation info."""
+        raise NotImplementedError
+
+    def follower_config(self, follower: str, dispatch: Dispatch, config: PerfConfig) -> str | None:
+        """A fused op's new lowering config when the root takes `config`, None to keep its own."""
+        return None
+
+    def translation_info(self, translation_info: str, config: PerfConfig) -> str | None:
+        """The dispatch function's new translation info for `config`, None to keep it."""
+        return None
+
+    def space(self, dispatch: Dispatch, threads: int) -> Space | None:
+        """The search space of a dispatch on a device with `threads` worker threads, None if there is none."""
+        return None
+
+    def no_space_reason(self, dispatch: Dispatch) -> str:
+        """Why `space` gave None for this dispatch."""
+        return f"no {self.name} search space"
