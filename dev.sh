@@ -14,8 +14,9 @@ cd "$(dirname "$0")"
 VENV="${PORTKERN_VENV:-.venv}"
 PYTHON="${PYTHON:-python3}"
 # OpenCL C -> SPIR-V on the build host, PoCL to finalise SPIR-V on this CPU, and a real
-# (old) HIP runtime so the AMD probe is tested against one even without a GPU.
-APT_PACKAGES=(clang-15 llvm-spirv-15 spirv-tools pocl-opencl-icd ocl-icd-libopencl1 libamdhip64-5)
+# (old) HIP runtime so the AMD probe is tested against one even without a GPU, and a
+# Redis server that the remote-cache tests start on a loopback port.
+APT_PACKAGES=(clang-15 llvm-spirv-15 spirv-tools pocl-opencl-icd ocl-icd-libopencl1 libamdhip64-5 redis-server)
 
 log() { printf 'dev.sh: %s\n' "$*" >&2; }
 

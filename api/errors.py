@@ -140,5 +140,24 @@ class DispatchTuningError(TuningError):
         self.kernel, self.dispatch, self.reason = kernel, dispatch, reason
 
 
+# --- signatures -------------------------------------------------------------
+
+
+class SignatureError(PortkernError):
+    """A signature cannot be made or does not vouch for what it should."""
+
+
+class KeyFileError(SignatureError):
+    """A key or trusted-keys file is missing, unreadable or of a kind that cannot sign."""
+
+
+class UnsignedError(SignatureError):
+    """Something that must be signed by a trusted key carries no signature."""
+
+
+class UntrustedKeyError(SignatureError):
+    """A signature does not verify, or was made by a key this machine does not trust."""
+
+
 #: `from portkern.errors import *` exports the error types only.
 __all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, Exception)]

@@ -138,3 +138,15 @@ def write_atomic(path: str | Path, data: bytes, error: type[Exception]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def read_bounded(path: str | Path, limit: int, what: str, error: type[Exception], oversize: type[Exception] | None = None) -> bytes:
+    """A file's bytes, refusing (with `oversize`, else `error`) one larger than `limit` unread."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > limit:
+            raise (oversize or error)(f"{path}: {size} bytes is larger than the {limit}-byte {what} limit")
+        return path.read_bytes()
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None

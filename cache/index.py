@@ -169,9 +169,13 @@ def total_bytes(con: sqlite3.Connection) -> int:
     return con.execute("SELECT coalesce(sum(bytes), 0) FROM portkern_totals").fetchone()[0]
 
 
+#: The counters: local lookups that hit and missed, and lookups of native code in the remote tier.
+COUNTERS = ("hits", "misses", "remote_hits", "remote_misses")
+
+
 def counters(con: sqlite3.Connection) -> dict[str, int]:
     found = dict(con.execute("SELECT name, value FROM portkern_counters").fetchall())
-    return {name: int(found.get(name, 0)) for name in ("hits", "misses")}
+    return {name: int(found.get(name, 0)) for name in COUNTERS}
 
 
 def add_counts(con: sqlite3.Connection, **deltas: int) -> None:

@@ -46,9 +46,15 @@ from portkern.cache.entry import CorruptRecordError, Entry
 from portkern.cache.hits import HitLog
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
+from portkern.cache.remote import RemoteCache
+from portkern.cache.remote import from_env as remote_from_env
 from portkern.cache.repair import Finding
 
-__all__ = ["CacheWarning", "Entry", "Filter", "Finding", "Store", "default_store", "matches_device"]
+__all__ = ["CacheWarning", "Entry", "Filter", "Finding", "Store", "default_store", "matches_device", "UNUSABLE"]
+
+#: Set (to the reason) in a stored tuning result whose config failed to build on its device:
+#: the record stays (an import or the remote tier would bring it back) but is not used again.
+UNUSABLE = "unusable"
 
 #: After going over budget, evict down to this fraction of it (so eviction runs rarely, in batches).
 LOW_WATER = 0.9
@@ -102,8 +108,11 @@ def _row_entry(row: index.Row) -> Entry:
 class Store:
     """A cache directory. Methods never raise for cache failures; they warn once."""
 
-    def __init__(self, config: CacheConfig | None = None) -> None:
+    def __init__(self, config: CacheConfig | None = None, remote: RemoteCache | None = None) -> None:
         self.config = config or from_env()
+        #: The fleet's shared tier, if any: tuning results read and write through it here;
+        #: native code goes through it in the loader, which alone publishes what it built.
+        self.remote = remote
         self._cache = None
         self._identity: tuple[int, int] | None = None
         self._broken: str | None = None
@@ -512,7 +521,7 @@ class Store:
             con = cache._con
             return index.totals(con), index.counters(con), self._record_count(cache, "t")
 
-        per_device, counters, tuning = self._guard("read", read, ({}, {"hits": 0, "misses": 0}, 0))
+        per_device, counters, tuning = self._guard("read", read, ({}, dict.fromkeys(index.COUNTERS, 0), 0))
         return {
             "directory": str(self.directory),
             "enabled": self.enabled,
@@ -547,7 +556,16 @@ class Store:
     def counters(self) -> dict[str, int]:
         """Lookups that hit and missed, over all processes (this one's pending counts included)."""
         self.flush()
-        return self._guard("read", lambda cache: index.counters(cache._con), {"hits": 0, "misses": 0})
+        return self._guard("read", lambda cache: index.counters(cache._con), dict.fromkeys(index.COUNTERS, 0))
+
+    def count_remote(self, hit: bool) -> None:
+        """Count one lookup of native code in the remote tier that found it (or did not)."""
+
+        def write(cache):
+            with cache.transact():
+                index.add_counts(cache._con, **{"remote_hits" if hit else "remote_misses": 1})
+
+        self._guard("write", write)
 
     # --- small JSON records: tuning results, device probes, bundle checks ----
 
@@ -598,13 +616,26 @@ class Store:
         return bool(self._guard("delete", lambda cache: cache.delete(f"{kind}/{key}"), False))
 
     def get_tuning(self, problem: str, device: DeviceFingerprint, compiler: str) -> dict | None:
-        """The stored tuning result for a problem on a device, if any."""
-        return self.get_record("t", tuning_key(problem, device, compiler))
+        """The stored tuning result for a problem on a device, if any (here, else from the remote tier)."""
+        key = tuning_key(problem, device, compiler)
+        record = self.get_record("t", key)
+        if record is None and self.remote is not None:
+            shared = self.remote.get_tuning(key)
+            if shared is not None and (shared.get("problem"), shared.get("device"), shared.get("compiler")) == (
+                problem, device.to_dict(), compiler
+            ) and not shared.get(UNUSABLE):
+                self.put_record("t", key, shared)
+                record = shared
+        return record
 
     def put_tuning(self, problem: str, device: DeviceFingerprint, compiler: str, result: dict) -> bool:
-        """Store a tuning result together with the parts of its key (so imports can check it)."""
+        """Store a tuning result together with the parts of its key (so imports can check it),
+        and share it through the remote tier."""
         record = {**result, "problem": problem, "device": device.to_dict(), "compiler": compiler}
-        return self.put_record("t", tuning_key(problem, device, compiler), record)
+        stored = self.put_record("t", tuning_key(problem, device, compiler), record)
+        if self.remote is not None and not record.get(UNUSABLE):
+            self.remote.put_tuning(tuning_key(problem, device, compiler), record)
+        return stored
 
     # --- locks --------------------------------------------------------------
 
@@ -670,6 +701,7 @@ _default: Store | None = None
 def default_store() -> Store:
     """The process-wide store configured from the environment."""
     global _default
-    if _default is None or _default.config != from_env():
-        _default = Store()
+    remote = remote_from_env()
+    if _default is None or _default.config != from_env() or _default.remote is not remote:
+        _default = Store(remote=remote)
     return _default

@@ -7,6 +7,11 @@ it checks the schema, every artifact's hash, and recomputes every key from the
 parts the entry states, so an entry can only ever be served to the device it
 was built for. Entries for other devices are kept (a fleet file may carry many)
 but never match this one; a local entry that is intact is never replaced.
+
+Native code is code this machine will run, so it is imported only from a file
+whose signature (`FILE.sig`, `portkern.signing`) verifies with a key in
+`PORTKERN_TRUSTED_KEYS`, unless the caller allows unsigned code; tuning results
+are suggestions (their code is built here) and import either way.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from portkern import framing, schemas
+from portkern import framing, schemas, signing
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, tuning_key
 from portkern.cache.store import Entry, Store, matches_device
@@ -38,6 +43,12 @@ class TransferReport:
     bytes: int = 0
     skipped: int = 0
     rejected: list[str] = field(default_factory=list)
+    #: The file's signature: written (export), or checked against the trusted keys (import).
+    signature: signing.Verdict | None = None
+    #: Native code was imported without a trusted signature because the caller allowed it.
+    unsigned_allowed: bool = False
+    #: The signature file an export wrote.
+    signed: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -47,6 +58,9 @@ class TransferReport:
             "bytes": self.bytes,
             "skipped": self.skipped,
             "rejected": self.rejected,
+            "signature": self.signature.to_dict() if self.signature else None,
+            "unsigned_allowed": self.unsigned_allowed,
+            "signed": self.signed,
         }
 
 
@@ -70,8 +84,13 @@ def check_meta(meta: object) -> None:
         raise CacheError(f"metadata does not match the cache-export schema at {where}: {exc.message[:300]}") from None
 
 
-def export(store: Store, path: str | Path, *, device: str | None = None, keys: Iterable[str] | None = None) -> TransferReport:
-    """Write the store's artifacts and tuning results (optionally one device's, or some keys) to a file."""
+def export(
+    store: Store, path: str | Path, *, device: str | None = None, keys: Iterable[str] | None = None, sign_with: str | Path | None = None
+) -> TransferReport:
+    """Write the store's artifacts and tuning results (optionally one device's, or some keys) to a
+    file, signed (`FILE.sig`) with the private key `sign_with` when given."""
+    if sign_with is not None:
+        signing.check_signing_key(sign_with)  # a bad key fails before the export
     wanted = set(keys) if keys is not None else None
     entries, blobs = [], {}
     for entry in store.entries():
@@ -93,26 +112,33 @@ def export(store: Store, path: str | Path, *, device: str | None = None, keys: I
     meta = {"format": "portkern-cache-export", "version": [FORMAT.major, FORMAT.minor], "entries": entries, "records": records}
     data = framing.pack(FORMAT, {"meta": meta, "blobs": {sha: blobs[sha] for sha in sorted(blobs)}})
     framing.write_atomic(path, data, CacheError)
-    return TransferReport(str(path), len(entries), len(records), sum(len(b) for b in blobs.values()))
+    report = TransferReport(str(path), len(entries), len(records), sum(len(b) for b in blobs.values()))
+    if sign_with is not None:
+        report.signed = str(signing.sign_file(path, sign_with))
+    else:
+        signing.signature_path(path).unlink(missing_ok=True)  # a signature of an earlier file would not match
+    return report
 
 
-def import_(store: Store, path: str | Path) -> TransferReport:
-    """Add an export file's entries and tuning results to the store; refuse anything that does not check out."""
+def import_(store: Store, path: str | Path, *, allow_unsigned: bool = False) -> TransferReport:
+    """Add an export file's entries and tuning results to the store; refuse anything that does not
+    check out, and native code unless the file is signed by a trusted key (or `allow_unsigned`)."""
     path = Path(path)
-    try:
-        if path.stat().st_size > MAX_EXPORT_BYTES:
-            raise CacheError(f"{path}: larger than the {MAX_EXPORT_BYTES}-byte export limit")
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise CacheError(f"cannot read {path}: {exc.strerror or exc}") from None
+    raw = framing.read_bounded(path, MAX_EXPORT_BYTES, "cache export", CacheError)
     try:
         _, _, document = framing.unpack(FORMAT, raw)
         meta, blobs = framing.meta_and_blobs(document, "cache-export", CacheError, validate=False)
         check_meta(meta)
     except CacheError as exc:
         raise CacheError(f"{path}: {exc}") from None
-    report = TransferReport(str(path))
-    accepted = [found for item in meta["entries"] if (found := _checked_entry(store, Entry(**item), blobs, report))]
+    report = TransferReport(str(path), signature=signing.verify_file(path, raw, signing.from_env().trusted))
+    refusal = None
+    if not report.signature.trusted:
+        if allow_unsigned:
+            report.unsigned_allowed = bool(meta["entries"])
+        else:
+            refusal = f"native code refused: the file is {report.signature.describe()} (--allow-unsigned takes it anyway)"
+    accepted = [found for item in meta["entries"] if (found := _checked_entry(store, Entry(**item), blobs, report, refusal))]
     report.entries = store.put_many(accepted)
     report.bytes = sum(len(data) for _, data, _ in accepted[: report.entries])
     for item in meta["records"]:
@@ -126,8 +152,11 @@ def import_(store: Store, path: str | Path) -> TransferReport:
     return report
 
 
-def _checked_entry(store: Store, entry: Entry, blobs: dict[str, bytes], report: TransferReport) -> tuple[str, bytes, Entry] | None:
-    """An entry to store, if it checks out and is not already here intact (else it is counted in `report`)."""
+def _checked_entry(
+    store: Store, entry: Entry, blobs: dict[str, bytes], report: TransferReport, refusal: str | None
+) -> tuple[str, bytes, Entry] | None:
+    """An entry to store, if it checks out, `refusal` (why native code from this file is not
+    taken) is None, and it is not already here intact (else it is counted in `report`)."""
     name = f"{entry.kernel} on {entry.device_label} ({entry.key[:12]})"
     data = blobs.get(entry.sha256)
     if data is None or len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
@@ -140,6 +169,9 @@ def _checked_entry(store: Store, entry: Entry, blobs: dict[str, bytes], report: 
     expected = artifact_key(entry.kernel_digest, device, entry.compiler, entry.config, entry.flags).hex
     if expected != entry.key:
         report.rejected.append(f"{name}: key does not match the kernel, device, compiler, config and flags it states")
+        return None
+    if refusal is not None:
+        report.rejected.append(f"{name}: {refusal}")
         return None
     if store.get(entry.key, count=False) is not None:
         report.skipped += 1

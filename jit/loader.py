@@ -4,22 +4,23 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from portkern import schemas
+from portkern import schemas, signing
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
-from portkern.cache.store import CacheWarning, Entry, Store, default_store
-from portkern.errors import DeviceError, KernelRuntimeError, TuningError
+from portkern.cache.store import UNUSABLE, CacheWarning, Entry, Store, default_store
+from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, TuningError
 from portkern.jit import buckets, devices
 from portkern.jit.args import check_arguments
 from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
-from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, read_bundle
+from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, decode_file, read_bundle_bytes
 from portkern.portable.launch import launch_of
 from portkern.jit.toolchain import OPENCL, toolchain_for
 from portkern.portable.producer import check_release
@@ -39,7 +40,7 @@ class Native:
     data: bytes
     key: str
     config: str
-    #: "cache", "prebuilt", "finalized", or "tuned" (searched for in this call).
+    #: "cache", "remote" (the fleet's remote tier), "prebuilt", "finalized", or "tuned" (searched for in this call).
     origin: str
     finalize_s: float = 0.0
 
@@ -54,7 +55,9 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
         seen.append(store.get_record("v", validated_key(digest, schema)) is not None)
         return seen[-1]
 
-    bundle = read_bundle(path, validated)
+    data = read_bundle_bytes(path)
+    bundle = decode_file(path, data, validated)
+    check_signature(bundle, Path(path), data)
     for record in bundle.kernels:
         if toolchain_for(record) is OPENCL:
             launch_of(record)
@@ -64,6 +67,15 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     if not any(seen):
         store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
     return LoadedBundle(bundle, Path(path), store)
+
+
+def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
+    """Under `PORTKERN_REQUIRE_SIGNATURE`, refuse a bundle that carries prebuilt native code
+    unless `data` (its bytes as read) is signed by a trusted key."""
+    policy = signing.from_env()
+    if policy.required and any(record.native for record in bundle.kernels):
+        verdict = signing.verify_file(path, data, policy.trusted)
+        signing.require_trusted(verdict, f"{path}: refused (it carries prebuilt native code and {signing.REQUIRE_ENV}=1)")
 
 
 def check_toolchain(record: KernelRecord, target: Target) -> None:
@@ -141,16 +153,25 @@ class LoadedBundle:
 
             buckets = tune_kernel_shapes(self, record, target, tune, shapes)
         config, tuning = self.config_for(record, target, tune)
-        native = self.native(record, target, config)
+        try:
+            native = self.native(record, target, config)
+        except (FinalizeError, PerfConfigError) as exc:
+            if config == DEFAULT_CONFIG:
+                raise
+            self._set_aside(record, target, config, exc)
+            config, tuning = DEFAULT_CONFIG, None
+            native = self.native(record, target, config)
         if tuning is not None and tuning.source == "search":
             native = replace(native, origin="tuned")
         try:
             executable = self._executable(record, target, native)
         except KernelRuntimeError as exc:
-            if native.origin != "cache":
+            if native.origin not in ("cache", "remote"):
                 raise
             warnings.warn(f"cached native code for {name!r} on {target.label} does not load ({exc}); rebuilding it", CacheWarning, stacklevel=2)
             self.store.delete(native.key)
+            if native.origin == "remote":
+                self.store.remote.reject_native(native.key, f"does not load: {exc}")
             native = self.native(record, target, config)
             executable = self._executable(record, target, native)
         return Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets)
@@ -169,13 +190,27 @@ class LoadedBundle:
         if tune in NO_SEARCH:
             if tune is None:
                 chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
-                if chosen and isinstance(chosen.get("config"), str):
+                if chosen and isinstance(chosen.get("config"), str) and not chosen.get(UNUSABLE):
                     return chosen["config"], None
             return DEFAULT_CONFIG, None
         from portkern.tuner.session import tune_kernel
 
         result = tune_kernel(self, record, target, strategy=tune)
         return result.config, result
+
+    def _set_aside(self, record: KernelRecord, target: Target, config: str, error: Exception) -> None:
+        """Warn that a stored config does not build, and mark its record so it is not used again."""
+        reason = " ".join(str(error).split())[:300]
+        warnings.warn(
+            f"stored tuning config {config[:80]!r} of {record.name!r} on {target.label} does not build ({reason}); "
+            "using the compiler's default and marking the stored result unusable",
+            CacheWarning,
+            stacklevel=3,
+        )
+        problem, compiler = selection_problem(record, target), compiler_id(record)
+        stored = self.store.get_tuning(problem, target.fingerprint, compiler)
+        if stored is not None and stored.get("config") == config:
+            self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
 
     def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> ArtifactKey:
         stage, identity = self._stage(record, target)
@@ -193,22 +228,57 @@ class LoadedBundle:
         return toolchain_for(record).stage(self.bundle, record, target)
 
     def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
-        """Native code from the cache, the bundle's prebuilt slices, or a fresh finalisation."""
+        """Native code from the cache, the remote tier, the bundle's prebuilt slices, or a fresh
+        finalisation (under a lock per key on this host and, with a remote tier, fleet-wide)."""
         key = self.key(record, target, config).hex
         hit = self._cached(key, target)
         if hit is not None:
             return Native(hit[0], key, config, "cache", hit[1].finalize_s)
+        remote = self.store.remote
         with self.store.lock(key):
             hit = self._cached(key, target, count=False)
             if hit is not None:
                 return Native(hit[0], key, config, "cache", hit[1].finalize_s)
-            prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
-            start = time.perf_counter()
-            data = prebuilt if prebuilt is not None else self._compile(record, target, config)
-            elapsed = time.perf_counter() - start
-            native = Native(data, key, config, "prebuilt" if prebuilt is not None else "finalized", elapsed)
-            self.store.put(key, data, self._entry(record, target, native))
-            return native
+            shared = self._from_remote(record, target, key, config, count=True)
+            if shared is not None:
+                return shared
+            with remote.lock(key) if remote is not None else nullcontext(False) as fleet_wide:
+                shared = self._from_remote(record, target, key, config) if fleet_wide else None
+                if shared is not None:
+                    return shared
+                prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
+                start = time.perf_counter()
+                data = prebuilt if prebuilt is not None else self._compile(record, target, config)
+                elapsed = time.perf_counter() - start
+                native = Native(data, key, config, "prebuilt" if prebuilt is not None else "finalized", elapsed)
+                self.store.put(key, data, self._entry(record, target, native))
+                if prebuilt is None:
+                    self._publish(record, target, native)
+                return native
+
+    def _from_remote(self, record: KernelRecord, target: Target, key: str, config: str, count: bool = False) -> Native | None:
+        """Native code from the remote tier, checked for this device and copied into the local cache."""
+        remote = self.store.remote
+        fetched = remote.get_native(key) if remote is not None else None
+        if fetched is not None:
+            problem = code_problem(fetched.data, target.fingerprint)
+            if problem is not None:
+                remote.reject_native(key, f"not code for {target.label}: {problem}")
+                fetched = None
+        if remote is not None and count:
+            self.store.count_remote(fetched is not None)
+        if fetched is None:
+            return None
+        finalize_s = fetched.meta.get("finalize_s", 0.0)
+        native = Native(fetched.data, key, config, "remote", finalize_s)
+        self.store.put(key, fetched.data, self._entry(record, target, native))
+        return native
+
+    def _publish(self, record: KernelRecord, target: Target, native: Native) -> None:
+        """Share native code built here through the remote tier, if there is one."""
+        if self.store.remote is not None:
+            meta = {"config": native.config, "format": toolchain_for(record).format, "finalize_s": native.finalize_s}
+            self.store.remote.put_native(native.key, native.data, meta)
 
     def put_native(
         self, record: KernelRecord, target: Target, config: str, data: bytes, finalize_s: float = 0.0, kernel_time_s: float | None = None
@@ -220,6 +290,7 @@ class LoadedBundle:
         entry = self._entry(record, target, native)
         entry.kernel_time_s = kernel_time_s
         self.store.put(key, data, entry)
+        self._publish(record, target, native)
         return native
 
     def _cached(self, key: str, target: Target, count: bool = True):

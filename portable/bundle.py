@@ -271,14 +271,16 @@ def read_bundle(path: str | Path, validated: Callable[[str], bool] | None = None
     `validated(digest)` may say that a payload with this digest already passed
     the schema check (the digest itself is always verified), to skip repeating it.
     """
-    path = Path(path)
-    try:
-        size = path.stat().st_size
-        if size > MAX_BUNDLE_BYTES:
-            raise OversizeFieldError(f"{path}: {size} bytes is larger than the {MAX_BUNDLE_BYTES}-byte bundle limit")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise BundleError(f"{path}: cannot read bundle: {exc.strerror or exc}") from None
+    return decode_file(path, read_bundle_bytes(path), validated)
+
+
+def read_bundle_bytes(path: str | Path) -> bytes:
+    """A bundle file's bytes, read once and bounded, not yet checked."""
+    return framing.read_bounded(path, MAX_BUNDLE_BYTES, "bundle", BundleError, OversizeFieldError)
+
+
+def decode_file(path: str | Path, data: bytes, validated: Callable[[str], bool] | None = None) -> Bundle:
+    """`decode`, with errors naming the file the bytes came from."""
     try:
         return decode(data, validated)
     except BundleError as exc:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from portkern import framing
 from portkern.errors import BuildError, CompileError, LaunchSpecError, message_lines
 from portkern.portable import spirv
 from portkern.portable.bundle import KernelRecord, Stage, sha256
@@ -232,12 +233,7 @@ def _c_type(param: spirv.Param) -> str:
 
 
 def _read_source(path: Path) -> bytes:
-    try:
-        if path.stat().st_size > MAX_SOURCE_BYTES:
-            raise BuildError(f"{path}: larger than {MAX_SOURCE_BYTES} bytes")
-        return path.read_bytes()
-    except OSError as exc:
-        raise BuildError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    return framing.read_bounded(path, MAX_SOURCE_BYTES, "OpenCL source", BuildError)
 
 
 def _path(tool: str) -> str:

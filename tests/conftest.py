@@ -18,6 +18,8 @@ def _private_cache(tmp_path_factory):
     mp.setenv("PORTKERN_CACHE_DIR", str(tmp_path_factory.mktemp("session-cache")))
     mp.delenv("PORTKERN_CACHE_DISABLE", raising=False)
     mp.delenv("PORTKERN_CACHE_MAXSIZE", raising=False)
+    for name in ("PORTKERN_REMOTE_CACHE", "PORTKERN_TRUSTED_KEYS", "PORTKERN_REQUIRE_SIGNATURE", "PORTKERN_SIGNING_KEY"):
+        mp.delenv(name, raising=False)  # a fleet set up on this machine must not reach the tests
     yield
     mp.undo()
 
@@ -46,6 +48,22 @@ def opencl_examples_bundle(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("bundles") / "opencl-examples.pkb"
     build_file(OPENCL_MANIFEST, path)
     return path
+
+
+@pytest.fixture(scope="session")
+def keys(tmp_path_factory) -> Path:
+    """Signing key pairs (EC P-256) in one directory: `trusted` and `other`, both in
+    `trusted-keys.pem` (named "build farm" and "colleague"), and `stranger`, trusted by no one."""
+    pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (model-signing)")
+    from portkern import signing
+
+    where = tmp_path_factory.mktemp("keys")
+    for name in ("trusted", "other", "stranger"):
+        signing.new_key_pair(where / name)
+    (where / "trusted-keys.pem").write_text(
+        "# colleague\n" + (where / "other.pub").read_text() + "# build farm\n" + (where / "trusted.pub").read_text()
+    )
+    return where
 
 
 @pytest.fixture

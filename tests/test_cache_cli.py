@@ -78,14 +78,14 @@ def test_export_import_serves_only_the_matching_device(filled, examples_bundle, 
     status, exported = cache(capsys, directory, "export", str(tmp_path / "fleet.pkcx"))
     assert status == 0 and exported["entries"] == 3
     other = tmp_path / "other-machine"
-    status, imported = cache(capsys, other, "import", str(tmp_path / "fleet.pkcx"))
+    status, imported = cache(capsys, other, "import", str(tmp_path / "fleet.pkcx"), "--allow-unsigned")
     assert status == 0 and imported["entries"] == 3 and imported["rejected"] == []
     target = Store(CacheConfig(other / "v1", 1 << 30, False))
     bundle = portkern.load(examples_bundle, store=target)
     assert bundle.kernel("gemm_glu").origin == "cache"
     assert bundle.kernel("gemm_glu", device="cpu:haswell").origin == "cache"
     assert bundle.kernel("gemm_rowsum").origin == "finalized"
-    status, again = cache(capsys, other, "import", str(tmp_path / "fleet.pkcx"))
+    status, again = cache(capsys, other, "import", str(tmp_path / "fleet.pkcx"), "--allow-unsigned")
     assert again["skipped"] == 3 and again["entries"] == 0
 
 
@@ -110,7 +110,7 @@ def test_import_rejects_an_entry_claiming_another_device(filled, tmp_path, capsy
         document["meta"]["entries"][0]["device"]["arch"] = "znver5-but-not-really"
 
     _tamper(path, relabel)
-    status, report = cache(capsys, tmp_path / "victim", "import", str(path))
+    status, report = cache(capsys, tmp_path / "victim", "import", str(path), "--allow-unsigned")
     assert status == 1 and report["entries"] == 0
     assert "device label does not match" in report["rejected"][0] or "key does not match" in report["rejected"][0]
 
@@ -125,7 +125,7 @@ def test_import_rejects_swapped_code(filled, tmp_path, capsys):
         first["sha256"], second["sha256"] = second["sha256"], first["sha256"]
 
     _tamper(path, swap)
-    status, report = cache(capsys, tmp_path / "victim", "import", str(path))
+    status, report = cache(capsys, tmp_path / "victim", "import", str(path), "--allow-unsigned")
     assert status == 1 and len(report["rejected"]) == 2 and report["entries"] == 1
 
 

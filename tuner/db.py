@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from portkern.cache.keys import problem_key
-from portkern.cache.store import Store
+from portkern.cache.store import UNUSABLE, Store
 from portkern.jit.target import Target
 from portkern.tuner import strategies
 from portkern.tuner.dispatch import Dispatch
@@ -45,6 +45,8 @@ def satisfies(record: dict[str, Any] | None, strategy: str, limited: bool = Fals
     """Whether a stored record answers a request for `strategy` (`limited`: the request has its own
     budget or time limit, so an incomplete search of the same thoroughness does)."""
     if not record or not isinstance(record.get("config"), str) or not isinstance(record.get("strategy"), str):
+        return False
+    if record.get(UNUSABLE):
         return False
     if record.get("complete", True) is not True and not limited:
         return False

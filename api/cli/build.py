@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from portkern.cli.common import Report, add_json, human_size, table
+from portkern.cli.common import Report, add_json, add_sign, human_size, table
 
 
 def register(sub) -> None:
@@ -17,6 +17,7 @@ def register(sub) -> None:
         metavar="TARGETS",
         help="also store native code for these comma-separated targets, e.g. gfx942,cuda:sm_90,cpu:znver4",
     )
+    add_sign(build, "the bundle")
     add_json(build)
     build.set_defaults(handler=run_build)
 
@@ -35,6 +36,11 @@ def run_build(args: argparse.Namespace) -> Report:
 
             console(stderr=True).print(text)
 
+    from portkern.signing import check_signing_key, key_to_sign_with, sign_file, signature_path
+
+    sign_with = key_to_sign_with(args.sign)
+    if sign_with is not None:
+        check_signing_key(sign_with)  # a bad key fails before the build
     finish = None
     if args.prebuild:
         from portkern.jit.devices import resolve, split
@@ -45,21 +51,29 @@ def run_build(args: argparse.Namespace) -> Report:
         def finish(bundle):
             return prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
 
-    bundle = build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
-    report = describe(bundle, args.output)
+    build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
+    if sign_with is not None:
+        sign_file(args.output, sign_with)
+    else:
+        signature_path(args.output).unlink(missing_ok=True)  # a signature of an earlier build would not match
+    report = describe(args.output)
     report.data["written"] = str(args.output)
     return report
 
 
 def run_inspect(args: argparse.Namespace) -> Report:
-    from portkern.portable.bundle import read_bundle
-
-    return describe(read_bundle(args.bundle), args.bundle)
+    return describe(args.bundle)
 
 
-def describe(bundle, path: Path) -> Report:
-    """A bundle's kernels, stages, native slices, producers and digest."""
-    size = path.stat().st_size if path.exists() else None
+def describe(path: Path) -> Report:
+    """A bundle's kernels, stages, native slices, producers, digest and signature."""
+    from portkern.portable.bundle import decode_file, read_bundle_bytes
+    from portkern.signing import from_env, verify_file
+
+    raw = read_bundle_bytes(path)
+    bundle = decode_file(path, raw)
+    size = len(raw)
+    verdict = verify_file(path, raw, from_env().trusted)
     data = {
         "path": str(path),
         "name": bundle.name,
@@ -80,11 +94,13 @@ def describe(bundle, path: Path) -> Report:
             }
             for k in bundle.kernels
         ],
+        "signature": verdict.to_dict(),
     }
 
     def render(out):
         out.print(f"[bold]{bundle.name}[/bold]  {path}  ({human_size(size or 0)}, format {data['format_version']})")
         out.print(f"digest sha256:{bundle.digest}")
+        out.print(f"signature: {verdict.describe()}")
         rows = []
         for k in bundle.kernels:
             stages = ", ".join(

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, human_age, human_size, store_from, table
+from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, human_age, human_size, store_from, table
 from portkern.errors import CacheError
 
 #: Entries `cache ls` shows without `--all` or `--limit`.
@@ -56,8 +56,14 @@ def register(sub) -> None:
     export = action("export", "write native code and tuning results to a file", run_export)
     export.add_argument("file", type=Path)
     export.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    add_sign(export, "the export file")
     imp = action("import", "add an exported file's entries to this cache", run_import)
     imp.add_argument("file", type=Path)
+    imp.add_argument(
+        "--allow-unsigned",
+        action="store_true",
+        help="import native code even if no key in $PORTKERN_TRUSTED_KEYS signed the file",
+    )
 
 
 def entries_table(title: str, entries: list):
@@ -115,6 +121,8 @@ def run_stats(args: argparse.Namespace) -> Report:
         rate = f" ({100 * stats['hits'] / looked:.0f}% hits)" if looked else ""
         out.print(f"{stats['directory']}: {stats['entries']} entries, {human_size(stats['bytes'])} of {human_size(stats['max_size'])}, "
                   f"{stats['tuning_results']} tuning results, {stats['hits']} hits / {stats['misses']} misses{rate}")
+        if stats["remote_hits"] or stats["remote_misses"]:
+            out.print(f"remote tier: {stats['remote_hits']} hits / {stats['remote_misses']} misses")
         rows = [[d, v["entries"], human_size(v["bytes"]), v["hits"]] for d, v in sorted(stats["devices"].items())]
         out.print(table("per device", ["device", "entries", "size", "hits"], rows))
 
@@ -168,19 +176,25 @@ def run_clear(args: argparse.Namespace) -> Report:
 def run_export(args: argparse.Namespace) -> Report:
     from portkern.cache.transfer import export
 
-    report = export(store_from(args), args.file, device=args.device)
+    from portkern.signing import key_to_sign_with
+
+    report = export(store_from(args), args.file, device=args.device, sign_with=key_to_sign_with(args.sign))
+    signed = f", signed ({report.signed})" if report.signed else ""
     return Report(report.to_dict(), lambda out: out.print(
-        f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}"))
+        f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}{signed}"))
 
 
 def run_import(args: argparse.Namespace) -> Report:
     from portkern.cache.transfer import import_
 
-    report = import_(store_from(args), args.file)
+    report = import_(store_from(args), args.file, allow_unsigned=args.allow_unsigned)
 
     def render(out):
+        out.print(f"{args.file}: {report.signature.describe()}")
         for reason in report.rejected:
             out.print(f"[red]rejected[/red] {reason}")
+        if report.unsigned_allowed:
+            out.print("[yellow]native code imported WITHOUT a trusted signature (--allow-unsigned)[/yellow]")
         out.print(f"imported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results; "
                   f"{report.skipped} already here, {len(report.rejected)} rejected")
 

@@ -31,18 +31,12 @@ class Report:
     status: int = 0
 
 
-#: Width of output that is not a terminal (a pipe, a file, a test): wide enough that no
-#: table column folds and no line wraps inside a figure.
-UNWRAPPED_WIDTH = 1000
-
-
 def console(stderr: bool = False):
-    """A rich console; when not writing to a terminal, one that never wraps or folds."""
     from rich.console import Console
 
     out = Console(stderr=stderr, highlight=False)
     if not out.is_terminal:
-        out = Console(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH, soft_wrap=True)
+        out = Console(stderr=stderr, highlight=False, width=160)
     return out
 
 
@@ -58,7 +52,7 @@ def emit(report: Report, as_json: bool) -> int:
 def table(title: str | None, columns: list[str], rows: list[list[Any]]):
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", header_style="bold", min_width=len(title) if title else None)
+    t = Table(title=title, title_justify="left", header_style="bold")
     for name in columns:
         t.add_column(name, overflow="fold")
     for row in rows:
@@ -86,6 +80,18 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
 
 
+def add_sign(parser: argparse.ArgumentParser, what: str) -> None:
+    """`--sign [KEY]`: sign the written file (see `portkern.signing.key_to_sign_with`)."""
+    parser.add_argument(
+        "--sign",
+        nargs="?",
+        const="",
+        metavar="KEY",
+        help=f"sign {what} (writes FILE.sig, OpenSSF Model Signing format) with this private key; "
+        "without KEY, and by default when it is set, with $PORTKERN_SIGNING_KEY",
+    )
+
+
 def add_cache_dir(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cache-dir", metavar="DIR", help="cache directory (default: $PORTKERN_CACHE_DIR or the user cache dir)")
 
@@ -93,9 +99,10 @@ def add_cache_dir(parser: argparse.ArgumentParser) -> None:
 def store_from(args: argparse.Namespace):
     """The cache store the command should use (`--cache-dir` over the environment)."""
     from portkern.cache.config import from_env
+    from portkern.cache.remote import from_env as remote_from_env
     from portkern.cache.store import Store
 
-    return Store(from_env(getattr(args, "cache_dir", None)))
+    return Store(from_env(getattr(args, "cache_dir", None)), remote_from_env())
 
 
 def fail(exc: PortkernError, as_json: bool) -> int:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, human_size, store_from, table
+from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, human_size, store_from, table
 from portkern.errors import PortkernError
 
 
@@ -26,6 +26,7 @@ def register(sub) -> None:
     )
     fin.add_argument("--kernel", action="append", metavar="NAME", help="only these kernels (default: all)")
     fin.add_argument("--export", type=Path, metavar="FILE", help="also write the entries to an export file")
+    add_sign(fin, "the export file")
     add_cache_dir(fin)
     add_json(fin)
     fin.set_defaults(handler=run_finalize)
@@ -35,7 +36,11 @@ def run_finalize(args: argparse.Namespace) -> Report:
     import portkern
     from portkern.cache import transfer
     from portkern.jit import codeobject, devices
+    from portkern.signing import check_signing_key, key_to_sign_with
 
+    sign_with = key_to_sign_with(args.sign) if args.export else None
+    if sign_with is not None:
+        check_signing_key(sign_with)  # a bad key fails before finalising
     store = store_from(args)
     bundle = portkern.load(args.bundle, store=store)
     specs = [spec for value in args.target for spec in devices.split(value)]
@@ -63,7 +68,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
                 }
             )
     keys = [r["key"] for r in rows if r["ok"]]
-    exported = transfer.export(store, args.export, keys=keys).to_dict() if args.export else None
+    exported = transfer.export(store, args.export, keys=keys, sign_with=sign_with).to_dict() if args.export else None
     data = {"bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
 
     def render(out):
@@ -73,7 +78,8 @@ def run_finalize(args: argparse.Namespace) -> Report:
         ]
         out.print(table(f"finalised into {store.directory}", ["kernel", "target", "origin", "size", "code"], shown))
         if exported:
-            out.print(f"exported {exported['entries']} entries ({human_size(exported['bytes'])}) to {exported['path']}")
+            signed = f", signed ({exported['signed']})" if exported["signed"] else ""
+            out.print(f"exported {exported['entries']} entries ({human_size(exported['bytes'])}) to {exported['path']}{signed}")
 
     return Report(data, render, status=0 if all(r["ok"] for r in rows) else 1)
 

@@ -20,6 +20,7 @@ COMMANDS = (
     "portkern.cli.demo",
     "portkern.cli.finalize",
     "portkern.cli.tune",
+    "portkern.cli.keys",
 )
 
 

@@ -1,0 +1,356 @@
+"""Signatures in the OpenSSF Model Signing (OMS) format, with bring-your-own EC P-256 keys.
+
+A signed file `F` has a detached signature `F.sig` beside it: a Sigstore bundle
+whose DSSE envelope carries an in-toto statement over the file's sha256, written
+and checked by the `model-signing` library, so `model_signing verify key F
+--signature F.sig --public_key KEY.pub` accepts it as well; portkern checks signatures
+with `cryptography` the same way (see `verify_value`). Signed values that
+are not files (remote cache entries) are signed as a one-file model whose file
+is named after the value's key, so a signature binds both the key and the bytes.
+
+The environment says what this machine trusts and signs with:
+
+- `PORTKERN_TRUSTED_KEYS=FILE`: one or more public PEM keys in one file; a line of
+  text just above a key (`# build farm`) names it;
+- `PORTKERN_REQUIRE_SIGNATURE=1`: native code only from values signed by a trusted key;
+- `PORTKERN_SIGNING_KEY=FILE`: the private key that signs what this machine publishes.
+
+Everything read here (signatures, key files) is untrusted input: sizes are
+bounded and every failure is a `SignatureError`.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from portkern.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError
+from portkern.framing import read_bounded
+
+#: Suffix of a detached signature file.
+SIGNATURE_SUFFIX = ".sig"
+#: A signature is a few KiB of JSON; anything much larger is refused unread.
+MAX_SIGNATURE_BYTES = 1 << 20
+MAX_KEY_FILE_BYTES = 1 << 20
+TRUSTED_KEYS_ENV = "PORTKERN_TRUSTED_KEYS"
+REQUIRE_ENV = "PORTKERN_REQUIRE_SIGNATURE"
+SIGNING_KEY_ENV = "PORTKERN_SIGNING_KEY"
+
+#: What an OMS signature made with a key holds (model-signing 1.x, Sigstore bundle v0.3).
+_BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
+_PAYLOAD_TYPE = "application/vnd.in-toto+json"
+_STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
+_PREDICATE_TYPE = "https://model_signing/signature/v1.0"
+
+_PEM_BLOCK = re.compile(rb"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", re.S)
+
+
+@dataclass(frozen=True)
+class TrustedKey:
+    """One public key this machine trusts."""
+
+    #: sha256 of the key's SubjectPublicKeyInfo PEM (model-signing's key hint).
+    fingerprint: str
+    #: The text line above the key in the trusted-keys file, else "key N".
+    label: str
+    pem: bytes
+
+    @property
+    def short(self) -> str:
+        return f"sha256:{self.fingerprint[:16]}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a value is signed, and by which trusted key if its signature verifies."""
+
+    signed: bool
+    key: TrustedKey | None = None
+    reason: str | None = None
+
+    @property
+    def trusted(self) -> bool:
+        return self.key is not None
+
+    def to_dict(self) -> dict:
+        return {
+            "signed": self.signed,
+            "trusted": self.trusted,
+            "key": self.key.short if self.key else None,
+            "key_label": self.key.label if self.key else None,
+            "reason": self.reason,
+        }
+
+    def describe(self) -> str:
+        if self.key is not None:
+            return f"signed by trusted key {self.key.label} ({self.key.short})"
+        return self.reason or "not signed"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What this machine trusts, requires and signs with (`from_env()` reads it)."""
+
+    trusted: tuple[TrustedKey, ...] = ()
+    required: bool = False
+    signing_key: Path | None = None
+
+
+def _crypto():
+    try:
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import ec
+    except ImportError:  # pragma: no cover - installed with the `fleet` extra
+        raise SignatureError("signatures need the 'model-signing' package (pip install 'portkern[fleet]')") from None
+    return serialization, ec
+
+
+def _crypto_verify():
+    serialization, ec = _crypto()
+    from cryptography.exceptions import InvalidSignature
+    from cryptography.hazmat.primitives import hashes
+
+    return serialization, ec, hashes, InvalidSignature
+
+
+def _model_signing():
+    try:
+        import model_signing.signing
+        import model_signing.verifying
+    except ImportError:  # pragma: no cover - installed with the `fleet` extra
+        raise SignatureError("signatures need the 'model-signing' package (pip install 'portkern[fleet]')") from None
+    return model_signing
+
+
+# --- keys --------------------------------------------------------------------
+
+
+def new_key_pair(prefix: str | Path) -> tuple[Path, Path]:
+    """Write a new EC P-256 key pair: `PREFIX.key` (PKCS8 PEM, mode 0600) and `PREFIX.pub`.
+
+    Existing files are never overwritten.
+    """
+    serialization, ec = _crypto()
+    private, public = Path(f"{prefix}.key"), Path(f"{prefix}.pub")
+    for path in (private, public):
+        if path.exists():
+            raise KeyFileError(f"{path} exists; not overwriting a key")
+    key = ec.generate_private_key(ec.SECP256R1())
+    private_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    public_pem = key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    try:
+        fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(private_pem)
+        os.chmod(private, 0o600)
+        with open(public, "xb") as f:
+            f.write(public_pem)
+    except OSError as exc:
+        raise KeyFileError(f"cannot write key pair {prefix}: {exc.strerror or exc}") from None
+    return private, public
+
+
+def check_signing_key(path: str | Path) -> Path:
+    """The path of a usable private signing key (EC P-256 PEM), or a `KeyFileError`."""
+    serialization, ec = _crypto()
+    path = Path(path)
+    data = read_bounded(path, MAX_KEY_FILE_BYTES, "signing key", KeyFileError)
+    try:
+        key = serialization.load_pem_private_key(data, None)
+    except (ValueError, TypeError) as exc:
+        raise KeyFileError(f"{path}: not an unencrypted PEM private key ({exc})") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey) or key.curve.name != "secp256r1":
+        raise KeyFileError(f"{path}: signing keys must be EC P-256 (make one with `portkern keys new`)")
+    return path
+
+
+def _fingerprint(public_key) -> str:
+    serialization, _ = _crypto()
+    pem = public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    return hashlib.sha256(pem).hexdigest()
+
+
+def read_trusted_keys(path: str | Path) -> tuple[TrustedKey, ...]:
+    """The public keys in a trusted-keys file (one or more PEM blocks)."""
+    serialization, ec = _crypto()
+    path = Path(path)
+    data = read_bounded(path, MAX_KEY_FILE_BYTES, "trusted keys file", KeyFileError)
+    keys, previous_end = [], 0
+    for i, match in enumerate(_PEM_BLOCK.finditer(data)):
+        try:
+            public = serialization.load_pem_public_key(match.group(0))
+        except (ValueError, TypeError) as exc:
+            raise KeyFileError(f"{path}: key {i + 1} is not a PEM public key ({exc})") from None
+        if not isinstance(public, ec.EllipticCurvePublicKey):
+            raise KeyFileError(f"{path}: key {i + 1} is not an EC key (model-signing verifies EC keys)")
+        between = data[previous_end : match.start()].decode("utf-8", "replace").splitlines()
+        names = [line.strip().lstrip("#").strip() for line in between if line.strip().lstrip("#").strip()]
+        label = names[-1][:80] if names else f"{path.name} key {i + 1}"
+        previous_end = match.end()
+        pem = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+        keys.append(TrustedKey(_fingerprint(public), label, pem))
+    if not keys:
+        raise KeyFileError(f"{path}: no PEM public key in it")
+    if len(keys) == 1 and keys[0].label == f"{path.name} key 1":
+        keys[0] = TrustedKey(keys[0].fingerprint, path.name, keys[0].pem)
+    return tuple(keys)
+
+
+def from_env() -> Policy:
+    """The signing policy the environment sets (see the module docstring)."""
+    trusted_file = os.environ.get(TRUSTED_KEYS_ENV, "").strip()
+    signing_key = os.environ.get(SIGNING_KEY_ENV, "").strip()
+    required = os.environ.get(REQUIRE_ENV, "").strip().lower() not in ("", "0", "no", "false", "off")
+    trusted = _trusted_cached(trusted_file, *_stamp(trusted_file)) if trusted_file else ()
+    if required and not trusted:
+        raise KeyFileError(f"{REQUIRE_ENV} is set but {TRUSTED_KEYS_ENV} names no trusted key")
+    return Policy(trusted, required, Path(signing_key) if signing_key else None)
+
+
+def key_to_sign_with(choice: str | None) -> Path | None:
+    """The private key a command signs with: `--sign KEY`; for `--sign` alone (`""`) or no
+    `--sign` (None), `PORTKERN_SIGNING_KEY` (None if unset: no signature)."""
+    if choice:
+        return Path(choice)
+    key = os.environ.get(SIGNING_KEY_ENV, "").strip()
+    if choice == "" and not key:
+        raise KeyFileError(f"--sign without a KEY needs {SIGNING_KEY_ENV}")
+    return Path(key) if key else None
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    try:
+        st = os.stat(path)
+        return st.st_mtime_ns, st.st_size
+    except OSError:
+        return 0, 0
+
+
+@lru_cache(maxsize=8)
+def _trusted_cached(path: str, mtime_ns: int, size: int) -> tuple[TrustedKey, ...]:
+    return read_trusted_keys(path)
+
+
+# --- signing and verifying ----------------------------------------------------
+
+
+def signature_path(path: str | Path) -> Path:
+    """Where the detached signature of a file lives (`FILE.sig`)."""
+    return Path(f"{path}{SIGNATURE_SUFFIX}")
+
+
+def sign_file(path: str | Path, key: str | Path) -> Path:
+    """Sign a file with a private key; write and return `FILE.sig`."""
+    model_signing = _model_signing()
+    key = check_signing_key(key)
+    target = signature_path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        model_signing.signing.Config().use_elliptic_key_signer(private_key=key).sign(Path(path), tmp)
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise SignatureError(f"cannot sign {path}: {exc.strerror or exc}") from None
+    except Exception as exc:  # noqa: BLE001 - the library raises assorted types
+        raise SignatureError(f"cannot sign {path}: {exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def sign_value(name: str, data: bytes, key: str | Path) -> bytes:
+    """An OMS signature (JSON bytes) over `data` as a file called `name` (a cache key)."""
+    model_signing = _model_signing()
+    key = check_signing_key(key)
+    with tempfile.TemporaryDirectory(prefix="portkern-sign-") as where:
+        model = Path(where) / "model"
+        model.mkdir()
+        (model / _checked_name(name)).write_bytes(data)
+        try:
+            model_signing.signing.Config().use_elliptic_key_signer(private_key=key).sign(model, Path(where) / "sig")
+        except Exception as exc:  # noqa: BLE001
+            raise SignatureError(f"cannot sign {name}: {exc}") from None
+        return (Path(where) / "sig").read_bytes()
+
+
+def verify_file(path: str | Path, data: bytes, trusted: tuple[TrustedKey, ...]) -> Verdict:
+    """Check `FILE.sig` over `data`, the file's bytes as the caller read them (so a file
+    swapped after reading cannot pass), against the trusted keys."""
+    sig = signature_path(path)
+    if not sig.exists():
+        return Verdict(False, reason=f"not signed (no {sig.name})")
+    try:
+        signature = read_bounded(sig, MAX_SIGNATURE_BYTES, "signature", SignatureError)
+    except SignatureError as exc:
+        return Verdict(True, reason=f"signed, but {exc}")
+    return verify_value(None, data, signature, trusted)
+
+
+def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple[TrustedKey, ...]) -> Verdict:
+    """Check an OMS signature over `data` (as a file called `name`, or as a lone file when
+    `name` is None) against the trusted keys. Never raises for a bad signature.
+
+    Checked with `cryptography` as model-signing checks it (key hint, ECDSA over the DSSE
+    pre-authentication encoding, the in-toto statement's one resource): importing
+    model-signing costs about half a second of CPU, more than a warm kernel start.
+    """
+    if len(signature) > MAX_SIGNATURE_BYTES:
+        return Verdict(True, reason="signed, but the signature is larger than the limit")
+    try:
+        document = json.loads(signature)
+        hint = document["verificationMaterial"]["publicKey"]["hint"]
+        envelope = document["dsseEnvelope"]
+        payload_type, payload = envelope["payloadType"], base64.b64decode(envelope["payload"], validate=True)
+        (entry,) = envelope["signatures"]
+        raw = base64.b64decode(entry["sig"], validate=True)
+        if document["mediaType"] != _BUNDLE_MEDIA_TYPE or payload_type != _PAYLOAD_TYPE or not isinstance(hint, str):
+            raise ValueError("not an OMS key signature")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return Verdict(True, reason="signed, but the signature is not an OMS signature bundle")
+    key = next((k for k in trusted if k.fingerprint == hint), None)
+    if key is None:
+        return Verdict(True, reason=f"signed by an untrusted key sha256:{hint[:16]} (not in {TRUSTED_KEYS_ENV})")
+    serialization, ec, hashes, invalid = _crypto_verify()
+    public = serialization.load_pem_public_key(key.pem)
+    digest = {256: hashes.SHA256, 384: hashes.SHA384, 521: hashes.SHA512}.get(public.curve.key_size)
+    pae = b"DSSEv1 %d %s %d " % (len(payload_type), payload_type.encode(), len(payload)) + payload
+    try:
+        if digest is None:
+            raise invalid()
+        public.verify(raw, pae, ec.ECDSA(digest()))
+    except invalid:
+        return Verdict(True, reason="signed, but the signature does not verify (not made by that key over this statement)")
+    expected = [{"name": name or ".", "digest": hashlib.sha256(data).hexdigest(), "algorithm": "sha256"}]
+    try:
+        statement = json.loads(payload)
+        covers = (
+            statement["_type"] == _STATEMENT_TYPE
+            and statement["predicateType"] == _PREDICATE_TYPE
+            and statement["predicate"]["serialization"]["hash_type"] == "sha256"
+            and statement["predicate"]["resources"] == expected
+        )
+    except (ValueError, KeyError, TypeError):
+        covers = False
+    if not covers:
+        return Verdict(True, reason="signed, but the signature does not verify (it is for other content)")
+    return Verdict(True, key=key)
+
+
+def require_trusted(verdict: Verdict, what: str) -> TrustedKey:
+    """The trusted key of a verdict, or the typed error that says why there is none."""
+    if verdict.key is not None:
+        return verdict.key
+    error = UnsignedError if not verdict.signed else UntrustedKeyError
+    raise error(f"{what}: {verdict.describe()}")
+
+
+def _checked_name(name: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,200}", name):
+        raise SignatureError(f"cannot sign a value named {name[:40]!r}")
+    return name

@@ -1,0 +1,320 @@
+"""The remote tier: native code and tuning results shared by a fleet through Redis.
+
+`PORTKERN_REMOTE_CACHE=redis://[:password@]host:port/db` (or `rediss://` for TLS, as
+redis-py reads URLs) turns it on. Each value is one framed document (`portkern.framing`,
+magic `\\x89PKR\\r\\n\\x1a\\n`): `{"meta": {kind, key, sha256, signature?...}, "blobs":
+{"data": ...}}` under `portkern:v1:<kind>:<key>`. Values are written once (`SET NX`);
+eviction is left to Redis (`maxmemory-policy`). Writers sign each value with
+`PORTKERN_SIGNING_KEY` (`portkern.signing`, over the bytes as a file named after the key);
+under `PORTKERN_REQUIRE_SIGNATURE=1` readers drop any value no trusted key signed.
+
+A value is untrusted until checked: its size is bounded before it is read, its
+framing, key and sha256 are checked, and a bad one is dropped with a warning (and
+replaced by the next good write, never a good value by a bad one). Redis down,
+slow, full or refusing: one warning, then local behaviour; it is tried again after
+`RETRY_AFTER_S`. Nothing here ever makes a kernel fail.
+
+Other settings: `PORTKERN_REMOTE_MAX_VALUE` (largest value written or read, default
+64MiB), `PORTKERN_REMOTE_TIMEOUT` (seconds per Redis operation, default 2),
+`PORTKERN_REMOTE_LOCK_S` (expiry of a build lock, which is also how long other hosts
+wait for its holder, default 300).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from portkern import framing, signing
+from portkern.cache.config import CacheWarning, parse_size
+from portkern.errors import CacheError, PortkernError
+
+REMOTE_ENV = "PORTKERN_REMOTE_CACHE"
+MAX_VALUE_ENV = "PORTKERN_REMOTE_MAX_VALUE"
+TIMEOUT_ENV = "PORTKERN_REMOTE_TIMEOUT"
+LOCK_ENV = "PORTKERN_REMOTE_LOCK_S"
+MAGIC = b"\x89PKR\r\n\x1a\n"
+FORMAT = framing.Format.with_error("remote cache value", MAGIC, 1, 0, CacheError)
+NAMESPACE = "portkern:v1"
+DEFAULT_MAX_VALUE = 64 << 20
+#: After Redis fails, local behaviour for this long before it is tried again.
+RETRY_AFTER_S = 30.0
+#: Value kinds: native code ("a", as in the store) and tuning results ("t").
+NATIVE, TUNING = "a", "t"
+
+
+class RemoteCacheWarning(CacheWarning):
+    """The remote tier could not be used, or served a value that was dropped; kernels still run."""
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    """Where the remote tier is and its limits."""
+
+    url: str
+    max_value: int = DEFAULT_MAX_VALUE
+    timeout_s: float = 2.0
+    lock_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """A remote value that passed every check."""
+
+    data: bytes
+    meta: dict[str, Any]
+    #: The trusted key that signed it (None when signatures are not required and it had none).
+    signer: signing.TrustedKey | None
+
+
+def config_from_env() -> RemoteConfig | None:
+    """The remote tier the environment names, or None."""
+    url = os.environ.get(REMOTE_ENV, "").strip()
+    if not url:
+        return None
+    try:
+        max_value = parse_size(os.environ.get(MAX_VALUE_ENV, "") or str(DEFAULT_MAX_VALUE))
+        timeout_s = float(os.environ.get(TIMEOUT_ENV, "") or 2.0)
+        lock_s = float(os.environ.get(LOCK_ENV, "") or 300.0)
+    except ValueError:
+        raise CacheError(f"{TIMEOUT_ENV} and {LOCK_ENV} must be numbers of seconds") from None
+    return RemoteConfig(url, max_value, timeout_s, lock_s)
+
+
+class RemoteCache:
+    """One Redis server shared by many hosts. Methods never raise for Redis failures."""
+
+    def __init__(self, config: RemoteConfig, policy: signing.Policy | None = None) -> None:
+        self.config = config
+        self.policy = policy if policy is not None else signing.from_env()
+        self._client = None
+        self._down_until = 0.0
+        #: sha256 of values dropped as bad, by Redis key: skipped when read, and only these are overwritten.
+        self._bad: dict[str, str] = {}
+        #: sha256 of the value last served, by Redis key (so a caller can reject it later).
+        self._served: dict[str, str] = {}
+
+    # --- plumbing ------------------------------------------------------------
+
+    def _redis(self):
+        if time.monotonic() < self._down_until:
+            return None
+        if self._client is None:
+            try:
+                import redis
+
+                self._client = redis.Redis.from_url(
+                    self.config.url, socket_timeout=self.config.timeout_s, socket_connect_timeout=self.config.timeout_s
+                )
+            except Exception as exc:  # noqa: BLE001 - a bad URL or a missing package degrades to local
+                self._fail(exc)
+        return self._client
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._down_until <= time.monotonic():
+            warnings.warn(
+                f"remote cache {_safe(self.config.url)} is not usable ({type(exc).__name__}: {exc}); "
+                f"running on the local cache (trying again in {RETRY_AFTER_S:.0f} s)",
+                RemoteCacheWarning,
+                stacklevel=4,
+            )
+        self._down_until = time.monotonic() + RETRY_AFTER_S
+        self._client = None
+
+    def _call(self, what, default=None):
+        client = self._redis()
+        if client is None:
+            return default
+        try:
+            return what(client)
+        except Exception as exc:  # noqa: BLE001 - down, slow, full: local behaviour
+            self._fail(exc)
+            return default
+
+    @staticmethod
+    def name(kind: str, key: str) -> str:
+        return f"{NAMESPACE}:{kind}:{key}"
+
+    # --- values ----------------------------------------------------------------
+
+    def get_native(self, key: str) -> Fetched | None:
+        """Native code stored under a cache key, checked; None on a miss or a bad value."""
+        return self._get(NATIVE, key)
+
+    def put_native(self, key: str, data: bytes, meta: dict[str, Any]) -> bool:
+        """Publish native code (signed when this host has a signing key); False if not written."""
+        return self._put(NATIVE, key, data, meta)
+
+    def get_tuning(self, key: str) -> dict | None:
+        """A tuning record stored under a tuning key, checked; None on a miss or a bad value."""
+        fetched = self._get(TUNING, key)
+        if fetched is None:
+            return None
+        try:
+            record = json.loads(fetched.data)
+        except ValueError:
+            record = None
+        if not isinstance(record, dict):
+            self._drop(TUNING, key, None, "tuning record is not a JSON object")
+            return None
+        return record
+
+    def put_tuning(self, key: str, record: dict) -> bool:
+        return self._put(TUNING, key, json.dumps(record, sort_keys=True).encode(), {})
+
+    def _get(self, kind: str, key: str) -> Fetched | None:
+        name = self.name(kind, key)
+
+        def read(client):
+            size = client.strlen(name)
+            if not size:
+                return None
+            if size > self.config.max_value + (1 << 16):
+                return b""  # refused unread
+            return client.get(name)
+
+        raw = self._call(read)
+        if raw is None or self._bad.get(name) == hashlib.sha256(raw).hexdigest():
+            return None
+        try:
+            fetched = self._check(kind, key, raw)
+        except PortkernError as exc:
+            self._drop(kind, key, raw, str(exc))
+            return None
+        self._served[name] = hashlib.sha256(raw).hexdigest()
+        return fetched
+
+    def reject_native(self, key: str, reason: str) -> None:
+        """Drop the native code last served for `key` (it passed the checks here but does not
+        work): it is not served again, and the next build here replaces it."""
+        name = self.name(NATIVE, key)
+        if name in self._served:
+            self._bad[name] = self._served.pop(name)
+        warnings.warn(f"remote cache value {NATIVE}:{key[:16]} dropped ({reason}); building it here", RemoteCacheWarning, stacklevel=3)
+
+    def _check(self, kind: str, key: str, raw: bytes) -> Fetched:
+        if not raw:
+            raise CacheError(f"larger than the {self.config.max_value}-byte value limit")
+        _, _, document = framing.unpack(FORMAT, raw)
+        meta, blobs = framing.meta_and_blobs(document, "remote-entry", CacheError)
+        if "data" not in blobs or not set(blobs) <= {"data", "signature"}:
+            raise CacheError("value must hold a 'data' blob and at most a 'signature' blob")
+        data = blobs["data"]
+        if meta["kind"] != kind or meta["key"] != key:
+            raise CacheError(f"value names {meta['kind']}:{meta['key'][:16]}, not the key it is stored under")
+        if len(data) > self.config.max_value or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            raise CacheError("content does not match its sha256")
+        signer = None
+        if self.policy.required or "signature" in blobs:
+            verdict = (
+                signing.verify_value(f"{kind}-{key}", data, blobs["signature"], self.policy.trusted)
+                if "signature" in blobs
+                else signing.Verdict(False, reason="not signed")
+            )
+            if self.policy.required:
+                signer = signing.require_trusted(verdict, "remote value")
+            else:
+                signer = verdict.key
+        return Fetched(data, meta, signer)
+
+    def _drop(self, kind: str, key: str, raw: bytes | None, reason: str) -> None:
+        name = self.name(kind, key)
+        if raw is not None:
+            self._bad[name] = hashlib.sha256(raw).hexdigest()
+        warnings.warn(
+            f"remote cache value {kind}:{key[:16]} dropped ({reason}); building it here", RemoteCacheWarning, stacklevel=4
+        )
+
+    def _put(self, kind: str, key: str, data: bytes, meta: dict[str, Any]) -> bool:
+        if len(data) > self.config.max_value:
+            return False
+        blobs = {"data": bytes(data)}
+        if self.policy.signing_key is not None:
+            try:
+                blobs["signature"] = signing.sign_value(f"{kind}-{key}", data, self.policy.signing_key)
+            except PortkernError as exc:
+                warnings.warn(f"cannot sign remote cache values ({exc}); not publishing", RemoteCacheWarning, stacklevel=3)
+                return False
+        document = {"meta": {**meta, "kind": kind, "key": key, "sha256": hashlib.sha256(data).hexdigest()}, "blobs": blobs}
+        value = framing.pack(FORMAT, document)
+        name = self.name(kind, key)
+        bad = self._bad.get(name)
+        if bad is None:
+            return bool(self._call(lambda client: client.set(name, value, nx=True), False))
+        return bool(self._call(lambda client: _replace_if(client, name, bad, value), False))
+
+    # --- single flight -------------------------------------------------------------
+
+    @contextmanager
+    def lock(self, key: str) -> Iterator[bool]:
+        """Hold the fleet-wide build lock of a key while building it; yields whether it is held.
+
+        Waits up to the lock's expiry for another host's holder; a holder that died lets
+        go when its lock expires. Without Redis, yields False at once (build locally).
+        """
+        client = self._redis()
+        lock = None
+        if client is not None:
+            try:
+                lock = client.lock(
+                    self.name("lock", key), timeout=self.config.lock_s, blocking_timeout=self.config.lock_s, sleep=0.05
+                )
+                if not lock.acquire():
+                    lock = None
+            except Exception as exc:  # noqa: BLE001
+                self._fail(exc)
+                lock = None
+        try:
+            yield lock is not None
+        finally:
+            if lock is not None:
+                try:
+                    lock.release()
+                except Exception:  # noqa: BLE001 - expired (we were slow) or Redis went away: nothing to undo
+                    pass
+
+
+def _replace_if(client, name: str, expected: str, value: bytes) -> bool:
+    """Set `name` to `value` only if it is missing or still holds the value with sha256 `expected`
+    (one dropped as bad), never over a value written since."""
+    import redis
+
+    with client.pipeline() as pipe:
+        try:
+            pipe.watch(name)
+            current = pipe.get(name)
+            if current is not None and hashlib.sha256(current).hexdigest() != expected:
+                return False
+            pipe.multi()
+            pipe.set(name, value)
+            pipe.execute()
+            return True
+        except redis.WatchError:
+            return False
+
+
+def _safe(url: str) -> str:
+    """A Redis URL without its password."""
+    if "@" in url and "://" in url:
+        scheme, rest = url.split("://", 1)
+        return f"{scheme}://***@{rest.rsplit('@', 1)[1]}"
+    return url
+
+
+_remotes: dict[RemoteConfig, RemoteCache] = {}
+
+
+def from_env() -> RemoteCache | None:
+    """The process's remote tier as the environment configures it, or None."""
+    config = config_from_env()
+    if config is None:
+        return None
+    if config not in _remotes:
+        _remotes[config] = RemoteCache(config)
+    return _remotes[config]

@@ -1,0 +1,221 @@
+"""The Redis remote tier with a real `redis-server`: hosts share native code and tuning results,
+compile a cold kernel once fleet-wide, refuse tampered or untrusted entries, and run on when
+Redis is down, slow or full."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import warnings
+
+import pytest
+
+import redis_server
+
+pytestmark = pytest.mark.skipif(bool(redis_server.missing()), reason=redis_server.missing() or "redis-server is here")
+pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (model-signing)")
+
+import portkern  # noqa: E402
+from helpers import assert_matches  # noqa: E402
+from portkern import framing, signing  # noqa: E402
+from portkern.cache import remote  # noqa: E402
+from portkern.cache.config import CacheConfig  # noqa: E402
+from portkern.cache.keys import tuning_key  # noqa: E402
+from portkern.cache.remote import FORMAT, RemoteCache, RemoteCacheWarning  # noqa: E402
+from portkern.cache.store import Store  # noqa: E402
+from portkern.cli.main import main  # noqa: E402
+from portkern.examples.reference import EXAMPLES  # noqa: E402
+from portkern.jit import devices  # noqa: E402
+from portkern.jit.loader import LoadedBundle, compiler_id, selection_problem  # noqa: E402
+from portkern.tuner import perfconfig  # noqa: E402
+from portkern.tuner.cpu_config import CpuConfig  # noqa: E402
+from test_cache_processes import RUN_KERNEL, result  # noqa: E402
+
+#: A CPU config of gemm_bias_relu's GEMM that compiles and computes correctly.
+TUNED = "0=" + perfconfig.to_string(CpuConfig((128, 128, 0), (8, 32, 0), (0, 0, 4)))
+
+
+@pytest.fixture
+def server(tmp_path):
+    running = redis_server.RedisServer(tmp_path)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def fleet(server, keys, monkeypatch):
+    """The environment of a fleet that signs its entries and requires signatures."""
+    monkeypatch.setenv("PORTKERN_REMOTE_CACHE", server.url)
+    monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
+    monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted.pub"))
+    monkeypatch.setenv("PORTKERN_REQUIRE_SIGNATURE", "1")
+    return server
+
+
+def host(tmp_path, name: str) -> Store:
+    """One machine's local cache, with the remote tier the environment names."""
+    return Store(CacheConfig(tmp_path / name / "v1", 1 << 30, False), RemoteCache(remote.config_from_env()))
+
+
+def check(kernel, rng) -> None:
+    example = EXAMPLES[kernel.name]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def no_compiling(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled although the remote tier had the code")
+
+    monkeypatch.setattr(LoadedBundle, "_compile", refuse)
+
+
+def native_values(server) -> list[bytes]:
+    return sorted(server.client().keys(f"{remote.NAMESPACE}:{remote.NATIVE}:*"))
+
+
+def test_a_second_host_gets_native_code_and_tuning_without_compiling(fleet, examples_bundle, tmp_path, rng, capsys, monkeypatch):
+    first = host(tmp_path, "a")
+    bundle = portkern.load(examples_bundle, store=first)
+    record, target = bundle.record("gemm_bias_relu"), devices.resolve("cpu", first)
+    problem = selection_problem(record, target)
+    first.put_tuning(problem, target.fingerprint, compiler_id(record), {"kind": "kernel", "config": TUNED, "strategy": "quick"})
+    built = bundle.kernel("gemm_bias_relu")
+    assert (built.origin, built.config) == ("finalized", TUNED)
+    assert len(native_values(fleet)) == 1
+
+    no_compiling(monkeypatch)
+    second = host(tmp_path, "b")
+    served = portkern.load(examples_bundle, store=second).kernel("gemm_bias_relu")
+    assert (served.origin, served.config) == ("remote", TUNED)
+    check(served, rng)
+    assert second.get_record("t", tuning_key(problem, target.fingerprint, compiler_id(record)))["config"] == TUNED
+    again = portkern.load(examples_bundle, store=second).kernel("gemm_bias_relu")
+    assert again.origin == "cache"
+
+    assert main(["cache", "stats", "--cache-dir", str(tmp_path / "b"), "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert (stats["remote_hits"], stats["remote_misses"]) == (1, 0)
+
+
+def test_eight_processes_on_two_hosts_compile_a_cold_kernel_once(fleet, examples_bundle, tmp_path):
+    env = {**os.environ}
+    procs = []
+    for i in range(8):
+        env_i = {**env, "PORTKERN_CACHE_DIR": str(tmp_path / f"host{i % 2}")}
+        procs.append(_spawn(env_i, str(examples_bundle), "gemm_glu"))
+    results = [result(p) for p in procs]
+    origins = sorted(r["origin"] for r in results)
+    assert all(r["ok"] for r in results)
+    assert origins.count("finalized") == 1, origins
+    assert set(origins) <= {"finalized", "remote", "cache"} and "remote" in origins
+
+
+def _spawn(env, *argv):
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-c", RUN_KERNEL, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_a_dead_holders_lock_expires_and_the_waiter_builds(fleet, examples_bundle, tmp_path, monkeypatch):
+    store = host(tmp_path, "a")
+    bundle = portkern.load(examples_bundle, store=store)
+    key = bundle.key(bundle.record("gemm_rowsum"), devices.resolve("cpu", store)).hex
+    fleet.client().set(remote.RemoteCache.name("lock", key), b"a host that died", px=1500)
+    kernel = bundle.kernel("gemm_rowsum")
+    assert kernel.origin == "finalized"
+    assert fleet.client().get(remote.RemoteCache.name("lock", key)) is None
+
+
+def _rewrite(server, change) -> None:
+    """Change the one native-code value in Redis (as an attacker with write access could)."""
+    (name,) = native_values(server)
+    _, _, document = framing.unpack(FORMAT, server.client().get(name))
+    change(document)
+    server.client().set(name, framing.pack(FORMAT, document))
+
+
+def _tamper(document) -> None:
+    data = bytearray(document["blobs"]["data"])
+    data[len(data) // 2] ^= 0xFF
+    document["blobs"]["data"] = bytes(data)
+    document["meta"]["sha256"] = hashlib.sha256(data).hexdigest()
+
+
+@pytest.mark.parametrize("attack, reason", [
+    (_tamper, "does not verify"),
+    (lambda document: document["blobs"].pop("signature"), "not signed"),
+    (None, "untrusted key"),
+    ("garbage", "not a portkern remote cache value"),
+])
+def test_tampered_untrusted_unsigned_or_garbage_entries_are_refused_and_rebuilt(
+    fleet, examples_bundle, keys, tmp_path, rng, monkeypatch, attack, reason
+):
+    if attack is None:  # published by a host signing with a key the fleet does not trust
+        monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "stranger.key"))
+    portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_transpose_add")
+    monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
+    if attack == "garbage":
+        (name,) = native_values(fleet)
+        fleet.client().set(name, b"\x00 not a value")
+    elif attack is not None:
+        _rewrite(fleet, attack)
+
+    with pytest.warns(RemoteCacheWarning, match=reason):
+        rebuilt = portkern.load(examples_bundle, store=host(tmp_path, "b")).kernel("gemm_transpose_add")
+    assert rebuilt.origin == "finalized"
+    check(rebuilt, rng)
+    # the bad value was replaced by the good one built here: a third host is served it
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RemoteCacheWarning)
+        third = portkern.load(examples_bundle, store=host(tmp_path, "c")).kernel("gemm_transpose_add")
+    assert third.origin == "remote"
+    check(third, rng)
+
+
+def test_redis_killed_mid_run_leaves_kernels_running(fleet, examples_bundle, tmp_path, rng):
+    store = host(tmp_path, "a")
+    bundle = portkern.load(examples_bundle, store=store)
+    assert bundle.kernel("gemm_glu").origin == "finalized"
+    fleet.stop()
+    with pytest.warns(RemoteCacheWarning, match="not usable") as caught:
+        first = bundle.kernel("gemm_rowsum")
+        second = bundle.kernel("gemm_transpose_add")
+    assert len([w for w in caught if issubclass(w.category, RemoteCacheWarning)]) == 1
+    assert (first.origin, second.origin) == ("finalized", "finalized")
+    check(first, rng)
+    check(second, rng)
+    assert bundle.kernel("gemm_glu").origin == "cache"
+
+
+def test_a_full_redis_is_one_warning(examples_bundle, tmp_path, rng, monkeypatch):
+    full = redis_server.RedisServer(tmp_path, "--maxmemory", "1", "--maxmemory-policy", "noeviction")
+    try:
+        monkeypatch.setenv("PORTKERN_REMOTE_CACHE", full.url)
+        with pytest.warns(RemoteCacheWarning, match="not usable .*OutOfMemoryError"):
+            kernel = portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_rowsum")
+        assert kernel.origin == "finalized"
+        check(kernel, rng)
+    finally:
+        full.stop()
+
+
+def test_a_redis_that_does_not_answer_is_one_warning(examples_bundle, tmp_path, rng, monkeypatch):
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+        monkeypatch.setenv("PORTKERN_REMOTE_CACHE", f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
+        monkeypatch.setenv("PORTKERN_REMOTE_TIMEOUT", "0.3")
+        with pytest.warns(RemoteCacheWarning, match="not usable .*Timeout"):
+            kernel = portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_rowsum")
+    assert kernel.origin == "finalized"
+    check(kernel, rng)
+
+
+def test_values_over_the_size_limit_are_neither_written_nor_read(fleet, examples_bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTKERN_REMOTE_MAX_VALUE", "1KB")
+    portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_rowsum")
+    assert native_values(fleet) == []
