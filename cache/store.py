@@ -43,7 +43,7 @@ from portkern.cache import index, repair
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.entry import CorruptRecordError, Entry
-from portkern.cache.hits import HitLog
+from portkern.cache.hits import HitLog, Pending
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
 from portkern.cache.remote import RemoteCache
@@ -539,19 +539,28 @@ class Store:
         """Write this process's pending hit and miss counts (inside the caller's transaction)."""
         pending = self._hits.take()
         if pending:
-            index.record_hits(cache._con, pending.hits)
-            index.add_counts(cache._con, hits=pending.hit_count, misses=pending.miss_count)
+            self._record(cache, pending)
+
+    @staticmethod
+    def _record(cache, pending: Pending) -> None:
+        index.record_hits(cache._con, pending.hits)
+        index.add_counts(cache._con, hits=pending.hit_count, misses=pending.miss_count)
 
     def flush(self) -> None:
-        """Write pending hit and miss counts now (one transaction; nothing when there are none)."""
+        """Write pending hit and miss counts now (one transaction; nothing when there are none).
+        Counts that cannot be written (a read-only or busy database) are dropped: they are
+        statistics, never a reason to stop serving hits."""
         if not self._hits.pending():
             return
-
-        def write(cache):
+        cache = self._open()
+        pending = self._hits.take()
+        if cache is None:
+            return
+        try:
             with cache.transact():
-                self._write_counts(cache)
-
-        self._guard("write", write)
+                self._record(cache, pending)
+        except Exception:  # noqa: BLE001 - see above
+            pass
 
     def counters(self) -> dict[str, int]:
         """Lookups that hit and missed, over all processes (this one's pending counts included)."""

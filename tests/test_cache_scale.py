@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import warnings
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,21 @@ def test_output_into_a_closed_pipe_ends_quietly(tmp_path):
                               env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0
         assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr, done.stderr
+
+
+def test_hit_counts_that_cannot_be_written_never_stop_the_hits(tmp_path, monkeypatch):
+    from portkern.cache import hits, index
+
+    store = Store(CacheConfig(tmp_path / "c", 1 << 30, False))
+    key, data, entry = synthetic(1)
+    store.put(key, data, entry)
+
+    def read_only(*args, **kwargs):
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(hits, "FLUSH_S", 0.0)  # every lookup tries to write its count
+    monkeypatch.setattr(index, "record_hits", read_only)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert all(store.get(key) is not None for _ in range(3))
+    assert store.enabled
