@@ -9,11 +9,13 @@ fresh cache:
 1. it is tuned per bucket for each M (`tune_kernel_shapes`: the flow stage
    specialised to M, searched, then kept only if it beats the dynamic default
    timed side by side);
-2. per M, whole calls (`kernel(a, b)`: argument and contract checks, bucket
-   choice, the run, results to NumPy) are timed interleaved, round by round:
-   the dynamic default (a kernel loaded before tuning) against the kernel
-   loaded after it, which runs the bucket's code; the ratio is default / bucket
-   (1.00 where the bucket kept the dynamic default);
+2. per M, and per another size of the same bucket (3/4 M, for M >= 4), whole
+   calls (`kernel(a, b)`: argument and contract checks, bucket choice, the run,
+   results to NumPy) are timed interleaved, round by round: the dynamic
+   default (a kernel loaded before tuning) against the kernel loaded after it,
+   which runs the bucket's code (specialised code at M itself, the dynamic
+   module with the bucket's tuned config at other sizes, or the dynamic
+   default where tuning kept it); the ratio is default / bucket;
 3. every result is compared with NumPy (float64 reference, rtol 1e-4);
 4. the bucket choice alone (`jit.buckets.pick`) is timed, to show what choosing
    costs per call.
@@ -96,7 +98,12 @@ def main() -> int:
         tuned = portkern.load(where / "b.pkb", store=store).kernel("gemm_relu")
         rng = np.random.default_rng(0)
         b = rng.standard_normal((args.k, args.n)).astype(np.float32)
+        sizes = []
         for m in args.m:
+            sizes.append((m, m))
+            if m >= 4:
+                sizes.append(((3 * m) // 4, m))
+        for m, tuned_for in sizes:
             a = rng.standard_normal((m, args.k)).astype(np.float32)
             want = np.maximum(a.astype(np.float64) @ b.astype(np.float64), 0)
             outputs = {"dynamic": dynamic(a, b), "bucket": tuned(a, b)}
@@ -109,6 +116,7 @@ def main() -> int:
             rows.append(
                 {
                     "M": m,
+                    "tuned_for": tuned_for,
                     "bucket": chosen["bucket"],
                     "code": chosen["code"],
                     "config": chosen["config"],
@@ -116,7 +124,7 @@ def main() -> int:
                     "bucket_s": bucket_t.min_s,
                     "ratio": default_t.min_s / bucket_t.min_s,
                     "choice_s": pick_t.median_s,
-                    "tuned_in_isolation": {"dynamic_s": found[m].default_s, "bucket_s": found[m].best_s},
+                    "tuning": {k: found[tuned_for].to_dict()[k] for k in ("default_s", "best_s", "bucket_s", "specialised_compile_s", "bucket_compile_s")},
                     "max_rel_error": errors,
                     "ok": ok,
                 }
@@ -126,7 +134,7 @@ def main() -> int:
         print()
     else:
         print(f"dynamic GEMM+ReLU (Mx{args.k}, {args.k}x{args.n}) -> Mx{args.n}, strategy {args.strategy}, whole calls, best of {args.rounds} interleaved rounds")
-        print(f"{'M':>6} {'bucket':>9} {'code':>12} {'default ms':>11} {'bucket ms':>10} {'ratio':>6} {'choice us':>10}  ok")
+        print(f"{'M':>6} {'bucket':>9} {'runs':>12} {'default ms':>11} {'bucket ms':>10} {'ratio':>6} {'choice us':>10}  ok")
         for r in rows:
             print(
                 f"{r['M']:>6} {r['bucket']:>9} {r['code']:>12} {r['dynamic_default_s'] * 1e3:>11.3f} {r['bucket_s'] * 1e3:>10.3f} "

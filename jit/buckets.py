@@ -2,16 +2,20 @@
 
 A kernel's shape contract puts each call in a bucket (`ShapeContract.bucket_of`).
 Tuning for a shape (`tuner.buckets`) records, per bucket, the sizes it tuned
-for and the code that won: code specialised to those sizes (`specialised`),
-or the dynamic default. At `kernel(...)` time the loader reads that record and
-loads each bucket's code; a call uses it when its sizes are the ones the code
-was made for, and the dynamic default otherwise (untuned buckets included).
+for and what won there: for exactly those sizes, code specialised to them or
+the dynamic default; for every other size of the bucket, the dynamic module
+with the bucket's tuned config, or the dynamic default. At `kernel(...)` time
+the loader reads that record and loads each bucket's code; untuned buckets
+run the dynamic default.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
+
+from portkern.errors import PortkernError
 
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, TensorSpec
 from portkern.portable.compiler import Compiler
@@ -29,15 +33,18 @@ class BucketRecord:
     label: str
     #: The symbol values it was tuned for.
     values: Mapping[str, int]
-    #: "specialised" (code for exactly `values`) or "dynamic" (the dynamic default won).
+    #: For exactly `values`: "specialised" (code for those sizes) or "dynamic" (the dynamic default won).
     code: str
     #: The kernel config of the specialised code.
     config: str = "default"
+    #: The config the dynamic module runs with for the bucket's other sizes ("default": none beat it).
+    bucket_config: str = "default"
     #: sha256 and size of the specialised flow stage (its cache key is formed from them).
     stage: str = ""
     size: int = 0
     default_s: float | None = None
     best_s: float | None = None
+    bucket_s: float | None = None
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -51,11 +58,14 @@ class BucketRecord:
 
 @dataclass(frozen=True)
 class BucketCode:
-    """A bucket's loaded code: used for calls whose symbol values are `values`."""
+    """A bucket's loaded code: `exact` for calls with the record's values, `bucket` for its other sizes.
+
+    Each is a (Native, executable) pair, or None where the dynamic default runs.
+    """
 
     record: BucketRecord
-    native: Any
-    executable: Any
+    exact: tuple[Any, Any] | None
+    bucket: tuple[Any, Any] | None
 
 
 def index_problem(selection_problem: str) -> str:
@@ -71,7 +81,13 @@ def read_index(stored: Mapping[str, Any] | None) -> dict[str, BucketRecord]:
             record = BucketRecord.from_dict(data)
         except (TypeError, ValueError):
             continue
-        if isinstance(record.values, Mapping) and all(isinstance(v, int) for v in record.values.values()):
+        if (
+            isinstance(record.values, Mapping)
+            and all(isinstance(k, str) and type(v) is int and v > 0 for k, v in record.values.items())
+            and isinstance(record.config, str)
+            and isinstance(record.stage, str)
+            and type(record.size) is int
+        ):
             found[label] = record
     return found
 
@@ -110,29 +126,51 @@ def specialised_bundle(bundle: Bundle, record: KernelRecord, values: Mapping[str
     return replace(bundle, kernels=bundle.kernels + (special,), blobs=blobs), special
 
 
-def pick(contract: ShapeContract, table: Mapping[str, BucketCode], kernel: str, shapes: Sequence[Sequence[int]]) -> tuple[str, BucketCode | None]:
-    """A call's bucket, and the bucket code it uses (None: the dynamic default)."""
+def pick(contract: ShapeContract, table: Mapping[str, BucketCode], kernel: str, shapes: Sequence[Sequence[int]]) -> tuple[str, str, tuple | None]:
+    """A call's bucket, which code it runs ("specialised", "bucket" or "dynamic"), and that
+    code's (Native, executable) pair (None: the dynamic default)."""
     values = contract.bind(kernel, shapes)
     label = contract.bucket_of(values)
     code = table.get(label)
-    if code is not None and dict(code.record.values) == values:
-        return label, code
-    return label, None
+    if code is None:
+        return label, "dynamic", None
+    if code.exact is not None and dict(code.record.values) == values:
+        return label, "specialised", code.exact
+    if code.bucket is not None:
+        return label, "bucket", code.bucket
+    return label, "dynamic", None
 
 
 def load_table(loaded, record: KernelRecord, target, stored: Mapping[str, Any] | None) -> dict[str, BucketCode]:
     """The specialised code of each tuned bucket of `record`, from the cache (or compiled again)."""
     table = {}
+    contract = record.signature.contract
     for label, decided in read_index(stored).items():
-        if decided.code != "specialised":
+        if contract is None or set(decided.values) != set(contract.symbols):
             continue
-        special = specialised_record(record, decided.values, decided.stage, decided.size)
-        source = loaded
-        if loaded.store.get(loaded.key(special, target, decided.config).hex, count=False) is None:
-            bundle, special = specialised_bundle(loaded.bundle, record, decided.values, Compiler())
-            if special.stage().blob != decided.stage:
-                continue  # specialised differently now (another compiler): the bucket needs tuning again
-            source = type(loaded)(bundle, loaded.path, loaded.store)
-        native = source.native(special, target, decided.config)
-        table[label] = BucketCode(decided, native, source._executable(special, target, native))
+        exact = bucket = None
+        try:
+            if decided.code == "specialised":
+                exact = _specialised_code(loaded, record, target, decided)
+            if decided.bucket_config != "default":
+                native = loaded.native(record, target, decided.bucket_config)
+                bucket = (native, loaded._executable(record, target, native))
+        except PortkernError as exc:
+            warnings.warn(f"{record.name!r}: the tuned code of bucket {label} is not usable ({exc}); that bucket runs the dynamic default")
+            continue
+        if exact is not None or bucket is not None:
+            table[label] = BucketCode(decided, exact, bucket)
     return table
+
+
+def _specialised_code(loaded, record: KernelRecord, target, decided: BucketRecord) -> tuple[Any, Any] | None:
+    """The (Native, executable) of a bucket's specialised code: cached, or specialised and compiled again."""
+    special = specialised_record(record, decided.values, decided.stage, decided.size)
+    source = loaded
+    if loaded.store.get(loaded.key(special, target, decided.config).hex, count=False) is None:
+        bundle, special = specialised_bundle(loaded.bundle, record, decided.values, Compiler())
+        if special.stage().blob != decided.stage:
+            return None  # specialised differently now (another compiler): the bucket needs tuning again
+        source = type(loaded)(bundle, loaded.path, loaded.store)
+    native = source.native(special, target, decided.config)
+    return native, source._executable(special, target, native)

@@ -385,8 +385,8 @@ class Kernel:
         arrays = check_arguments(self.name, self.signature, args)
         executable = self._executable
         if self.buckets:
-            _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])
-            executable = code.executable if code is not None else executable
+            _, _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])
+            executable = code[1] if code is not None else executable
         results = executable(*arrays)
         return results[0] if len(results) == 1 else tuple(results)
 
@@ -396,10 +396,10 @@ class Kernel:
         contract = self.signature.contract
         if contract is None or not contract.symbols:
             return {"bucket": "", "code": "static" if contract is not None else "unchecked", "origin": self.origin, "config": self.config}
-        label, code = buckets.pick(contract, self.buckets, self.name, [a.shape for a in arrays])
+        label, kind, code = buckets.pick(contract, self.buckets, self.name, [a.shape for a in arrays])
         if code is None:
             return {"bucket": label, "code": "dynamic", "origin": self.origin, "config": self.config}
-        return {"bucket": label, "code": "specialised", "origin": code.native.origin, "config": code.record.config, "values": dict(code.record.values)}
+        return {"bucket": label, "code": kind, "origin": code[0].origin, "config": code[0].config}
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name} {self.signature} on {self.device} config={self.config} from {self.origin}>"

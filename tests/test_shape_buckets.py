@@ -127,13 +127,31 @@ def test_after_tuning_the_bucket_code_runs_for_its_sizes(bundle_path, store, rng
     assert set(kernel.buckets) == {"M<=8"}
     a, b = inputs(rng, 8)
     chosen = kernel.code_for(a, b)
-    assert chosen == {"bucket": "M<=8", "code": "specialised", "origin": "cache", "config": found[0].config, "values": {"M": 8}}
+    assert chosen == {"bucket": "M<=8", "code": "specialised", "origin": "cache", "config": found[0].config}
     np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
-    for m in (5, 9):  # the same bucket at another size, and another bucket: the dynamic default
-        a, b = inputs(rng, m)
-        assert kernel.code_for(a, b)["code"] == "dynamic"
-        np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
+    # another size of the bucket: the dynamic module with the tuned config (when the search found one)
+    a, b = inputs(rng, 5)
+    tuned = found[0].config != "default"
+    assert found[0].bucket_config == found[0].config if tuned else found[0].bucket_config == "default"
+    expected = {"bucket": "M<=8", "code": "bucket", "origin": "cache", "config": found[0].config} if tuned else {"code": "dynamic"}
+    assert expected.items() <= kernel.code_for(a, b).items()
+    np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
+    a, b = inputs(rng, 9)  # another bucket: the dynamic default
+    assert {"bucket": "M<=16", "code": "dynamic", "config": "default"}.items() <= kernel.code_for(a, b).items()
+    np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
     assert any(e.kernel == "gemm.M8" and e.config == found[0].config for e in store.entries())
+
+
+def test_a_tuned_config_stamped_on_the_dynamic_module_is_correct_for_every_size(bundle_path, store, rng):
+    from portkern.tuner.session import compile_config
+    from portkern.jit.runtime import Executable
+
+    loaded = portkern.load(bundle_path, store=store)
+    record, target = loaded.record("gemm"), devices.resolve("cpu", store)
+    executable = Executable(compile_config(loaded.bundle, record, target, "0=cpu:v1:16x32x0,4x16x0,0x0x4"), record.entry)
+    for m in (1, 5, 16, 37):
+        a, b = inputs(rng, m)
+        np.testing.assert_allclose(executable(a, b)[0], reference(a, b), rtol=1e-5, atol=1e-4)
 
 
 def test_cli_tune_shapes_and_cache_ls_show_the_bucket(bundle_path, tmp_path, capsys, rng):
@@ -165,3 +183,64 @@ def test_cli_tune_shapes_errors_are_one_line(bundle_path, tmp_path, capsys, shap
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("portkern: error: ") and "\n" not in err and message in err
+
+
+def test_damaged_bucket_records_cost_only_their_bucket(bundle_path, store, rng):
+    from portkern.jit import buckets
+    from portkern.jit.loader import compiler_id, selection_problem
+
+    loaded = portkern.load(bundle_path, store=store)
+    record, target = loaded.record("gemm"), devices.resolve("cpu", store)
+    problem = buckets.index_problem(selection_problem(record, target))
+    good = {"label": "M<=8", "values": {"M": 8}, "code": "specialised", "config": "0=cpu:v1:nonsense", "stage": "0" * 64, "size": 1}
+    damaged = {
+        "M<=8": good,
+        "M<=16": {**good, "values": {"M": "16"}},
+        "M<=32": {**good, "values": [32]},
+        "M<=64": "not a record",
+        "M<=128": {**good, "values": {"M": 128}, "surprise": 1},
+    }
+    store.put_tuning(problem, target.fingerprint, compiler_id(record), {"kernel": "gemm", "buckets": damaged})
+    kernel = portkern.load(bundle_path, store=store).kernel("gemm")  # the stage digest no longer matches: skipped
+    assert kernel.buckets == {}
+    a, b = inputs(rng, 8)
+    assert kernel.code_for(a, b)["code"] == "dynamic"
+    np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_bucket_record_with_a_bad_config_warns_and_runs_the_default(bundle_path, store, rng):
+    from portkern.jit import buckets
+    from portkern.jit.loader import compiler_id, selection_problem
+    from portkern.portable.compiler import Compiler
+
+    loaded = portkern.load(bundle_path, store=store)
+    record, target = loaded.record("gemm"), devices.resolve("cpu", store)
+    _, special = buckets.specialised_bundle(loaded.bundle, record, {"M": 8}, Compiler())
+    stage = special.stage()
+    bad = {"label": "M<=8", "values": {"M": 8}, "code": "specialised", "config": "0=cpu:v1:nonsense", "stage": stage.blob, "size": stage.size}
+    problem = buckets.index_problem(selection_problem(record, target))
+    store.put_tuning(problem, target.fingerprint, compiler_id(record), {"kernel": "gemm", "buckets": {"M<=8": bad}})
+    with pytest.warns(UserWarning, match=r"the tuned code of bucket M<=8 is not usable .* runs the dynamic default"):
+        kernel = portkern.load(bundle_path, store=store).kernel("gemm")
+    a, b = inputs(rng, 8)
+    assert kernel.code_for(a, b)["code"] == "dynamic"
+    np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
+
+
+def test_a_bucket_config_serves_every_size_of_its_bucket(bundle_path, store, rng):
+    from portkern.jit import buckets
+    from portkern.jit.loader import compiler_id, selection_problem
+
+    loaded = portkern.load(bundle_path, store=store)
+    record, target = loaded.record("gemm"), devices.resolve("cpu", store)
+    config = "0=cpu:v1:16x32x0,4x16x0,0x0x4"
+    decided = {"label": "M<=8", "values": {"M": 8}, "code": "dynamic", "bucket_config": config, "stage": "", "size": 0}
+    problem = buckets.index_problem(selection_problem(record, target))
+    store.put_tuning(problem, target.fingerprint, compiler_id(record), {"kernel": "gemm", "buckets": {"M<=8": decided}})
+    kernel = portkern.load(bundle_path, store=store).kernel("gemm")
+    for m in (5, 6, 8):
+        a, b = inputs(rng, m)
+        assert kernel.code_for(a, b) == {"bucket": "M<=8", "code": "bucket", "origin": "finalized", "config": config}
+        np.testing.assert_allclose(kernel(a, b), reference(a, b), rtol=1e-5, atol=1e-4)
+    a, b = inputs(rng, 3)
+    assert kernel.code_for(a, b)["code"] == "dynamic"

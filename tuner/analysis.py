@@ -85,7 +85,7 @@ def _loop_kinds(op, rank: int, in_output: list[bool]) -> tuple[bool, ...]:
 
 
 def _loops(op) -> tuple[tuple[int, ...], tuple[bool, ...], int]:
-    """Loop ranges, loop kinds and largest element size of a linalg op, from its indexing maps."""
+    """Loop ranges (0 where dynamic), loop kinds and largest element size of a linalg op, from its indexing maps."""
     from iree.compiler import ir
 
     maps = _indexing_maps(op)
@@ -105,8 +105,8 @@ def _loops(op) -> tuple[tuple[int, ...], tuple[bool, ...], int]:
         for expr, extent in zip(amap.results, shaped.shape):
             if isinstance(expr, ir.AffineDimExpr):
                 if extent == ir.ShapedType.get_dynamic_size():
-                    raise PerfConfigError(f"{op.name}: dynamic shapes are not tuned")
-                if sizes[expr.position] is None or position >= len(operands) - outputs:
+                    sizes[expr.position] = sizes[expr.position] or 0  # dynamic: 0 unless an operand fixes it
+                elif not sizes[expr.position] or position >= len(operands) - outputs:
                     sizes[expr.position] = extent
                 if position >= len(operands) - outputs:
                     in_output[expr.position] = True
@@ -162,7 +162,8 @@ def dispatches(module) -> list[Dispatch]:
             found.append(Dispatch(**{**fields, "root": root.name}, reason=str(exc)))
             continue
         found.append(
-            Dispatch(**{**fields, "root": root.name, "sizes": sizes, "parallel": parallel, "element_bytes": element_bytes, "default": default})
+            Dispatch(**{**fields, "root": root.name, "sizes": sizes, "parallel": parallel, "element_bytes": element_bytes, "default": default,
+                        "dynamic": 0 in sizes})
         )
     return found
 
@@ -180,7 +181,7 @@ def stamp(module, config: KernelConfig, context: "ir.Context"):
         dispatch = found.get(index)
         if dispatch is None:
             raise PerfConfigError(f"config names dispatch {index}, the kernel has {len(functions)}")
-        if not dispatch.tunable:
+        if dispatch.reason:
             raise PerfConfigError(f"dispatch {dispatch.label} cannot take a config: {dispatch.reason}")
         if perf.family != dispatch.family or perf.rank != len(dispatch.sizes):
             raise PerfConfigError(

@@ -2,15 +2,24 @@
 
 For each shape asked for, the kernel's flow stage is specialised to the
 shape's sizes (`portable.specialise`) and tuned as a static kernel by the
-usual search; the winner is then timed side by side with the dynamic default
-code on the same inputs, and the bucket keeps whichever is faster by
-`min_gain` (rule: specialised code must beat the dynamic default, or
-the dynamic default stays). The decision is stored per bucket in the tuning
-DB (`jit.buckets.index_problem`), where the loader finds it.
+usual search. Its winning config is also stamped on the dynamic module. The
+dynamic default, the specialised winner and the dynamic module with the
+winning config are then timed side by side on the shape's inputs, and chosen
+by rule:
+
+- for exactly these sizes, the specialised code if it beats the dynamic
+  default by `min_gain`, else the dynamic default;
+- for the bucket's other sizes, the dynamic module with the tuned config if it
+  beats the dynamic default by `min_gain`, else the dynamic default.
+
+Compile times of both are reported (each is compiled once and then cached).
+The decisions are stored per bucket in the tuning DB
+(`jit.buckets.index_problem`), where the loader finds them.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,12 +40,17 @@ class BucketResult:
     kernel: str
     bucket: str
     values: dict[str, int]
-    #: "specialised" or "dynamic".
+    #: For exactly `values`: "specialised" or "dynamic".
     code: str
     config: str
     default_s: float | None = None
     best_s: float | None = None
     note: str = ""
+    #: For the bucket's other sizes: the dynamic module's config ("default": the dynamic default).
+    bucket_config: str = "default"
+    bucket_s: float | None = None
+    specialised_compile_s: float | None = None
+    bucket_compile_s: float | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -88,6 +102,7 @@ def tune_shapes(
     shapes: Sequence[Shapes],
     *,
     tune: Callable[..., Any],
+    compile_dynamic: Callable[..., bytes],
     problem: str,
     compiler: str,
     retune: bool = False,
@@ -107,9 +122,14 @@ def tune_shapes(
         label = contract.bucket_of(values)
         known = stored.get(label)
         if known is not None and dict(known.values) == values and not retune:
-            results.append(BucketResult(record.name, label, values, known.code, known.config, known.default_s, known.best_s, known.note))
+            results.append(
+                BucketResult(
+                    record.name, label, values, known.code, known.config, known.default_s, known.best_s, known.note,
+                    bucket_config=known.bucket_config, bucket_s=known.bucket_s,
+                )
+            )
             continue
-        decided, result = _tune_bucket(loaded, record, target, strategy, values, label, parser, tune, retune, min_gain, options)
+        decided, result = _tune_bucket(loaded, record, target, strategy, values, label, parser, (tune, compile_dynamic), retune, min_gain, options)
         stored[label] = decided
         results.append(result)
     loaded.store.put_tuning(
@@ -118,7 +138,8 @@ def tune_shapes(
     return results
 
 
-def _tune_bucket(loaded, record, target, strategy, values, label, parser, tune, retune, min_gain, options) -> tuple[BucketRecord, BucketResult]:
+def _tune_bucket(loaded, record, target, strategy, values, label, parser, tools, retune, min_gain, options) -> tuple[BucketRecord, BucketResult]:
+    tune, compile_dynamic = tools
     try:
         bundle, special = specialised_bundle(loaded.bundle, record, values, parser)
     except PortkernError as exc:
@@ -127,16 +148,34 @@ def _tune_bucket(loaded, record, target, strategy, values, label, parser, tune, 
     tuned = tune(derived, special, target, strategy, retune=retune, **options)
     native = derived.native(special, target, tuned.config)
     default = loaded.native(record, target)
+    vmfbs = [default.data, native.data]
+    bucket_compile_s, note = None, ""
+    if tuned.config != "default":
+        started = time.perf_counter()
+        try:
+            vmfbs.append(compile_dynamic(loaded.bundle, record, target, tuned.config))
+            bucket_compile_s = time.perf_counter() - started
+        except PortkernError as exc:
+            note = f"the tuned config does not fit the dynamic module ({' '.join(str(exc).split())[:300]}); "
     bench = Bench(record.entry, target.driver, make_inputs(special.signature))
-    executables = [bench.load(default.data), bench.load(native.data)]
-    dynamic_s, special_s = (t.min_s for t in bench.interleaved(executables))
+    timings = [t.min_s for t in bench.interleaved([bench.load(v) for v in vmfbs])]
+    dynamic_s, special_s = timings[0], timings[1]
+    bucket_s = timings[2] if len(timings) > 2 else None
     wins = special_s < dynamic_s * (1 - min_gain)
-    note = (
-        f"specialised code ({tuned.config}) beats the dynamic default"
-        if wins
-        else "the dynamic default is as fast as code specialised to these sizes; kept it"
+    bucket_wins = bucket_s is not None and bucket_s < dynamic_s * (1 - min_gain)
+    if bucket_wins:
+        loaded.put_native(record, target, tuned.config, vmfbs[2], bucket_compile_s or 0.0, bucket_s)
+    note += (
+        ("specialised code beats the dynamic default at these sizes" if wins else "the dynamic default is as fast as specialised code at these sizes")
+        + ("; the tuned config serves the bucket's other sizes" if bucket_wins else "; the bucket's other sizes run the dynamic default")
     )
+    bucket_config = tuned.config if bucket_wins else "default"
     stage = special.stage()
-    decided = BucketRecord(label, values, "specialised" if wins else "dynamic", tuned.config, stage.blob, stage.size, dynamic_s, special_s, note)
-    result = BucketResult(record.name, label, values, decided.code, tuned.config, dynamic_s, special_s, note, tuned.to_dict())
+    decided = BucketRecord(
+        label, values, "specialised" if wins else "dynamic", tuned.config, bucket_config, stage.blob, stage.size, dynamic_s, special_s, bucket_s, note
+    )
+    result = BucketResult(
+        record.name, label, values, decided.code, tuned.config, dynamic_s, special_s, note, bucket_config=bucket_config, bucket_s=bucket_s,
+        specialised_compile_s=native.finalize_s or None, bucket_compile_s=bucket_compile_s, tuning=tuned.to_dict(),
+    )
     return decided, result

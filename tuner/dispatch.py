@@ -19,7 +19,7 @@ class Dispatch:
     family: str
     #: The root op's name ("linalg.matmul", "linalg.generic", ...), "" without a root.
     root: str
-    #: Static loop ranges of the root op.
+    #: Static loop ranges of the root op (0 for a dynamic range).
     sizes: tuple[int, ...]
     #: Per loop of the root op: True for parallel, False for reduction.
     parallel: tuple[bool, ...]
@@ -33,10 +33,13 @@ class Dispatch:
     native_vector_bytes: int
     #: Why the dispatch cannot be tuned; "" when it can.
     reason: str = ""
+    #: Some loop range is dynamic: the dispatch is not searched, but takes a config stamped on
+    #: it (one tuned on the kernel specialised to a shape bucket's sizes, `tuner.buckets`).
+    dynamic: bool = False
 
     @property
     def tunable(self) -> bool:
-        return not self.reason
+        return not self.reason and not self.dynamic
 
     @property
     def work(self) -> int:

@@ -301,7 +301,7 @@ def tune_kernel_shapes(loaded, record: KernelRecord, target: Target, strategy: s
     if not strategies.get(strategy).LEVEL:
         raise TuningError(f"strategy {strategy!r} does not search; tuning for shapes needs one that does (e.g. quick)")
     return tune_shapes(
-        loaded, record, target, strategy, shapes, tune=tuner.tune, problem=selection_problem(record, target),
+        loaded, record, target, strategy, shapes, tune=tuner.tune, compile_dynamic=compile_config, problem=selection_problem(record, target),
         compiler=compiler_id(record), **{"min_gain": MIN_GAIN, **options},
     )
 

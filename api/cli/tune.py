@@ -150,10 +150,13 @@ def _tune_shapes(args: argparse.Namespace, bundle, records, target) -> Report:
 
     def render(out):
         rows = [
-            [r.kernel, r.bucket, ", ".join(f"{k}={v}" for k, v in r.values.items()), _ms(r.default_s), _ms(r.best_s), _speedup(r.speedup), r.code, r.config]
+            [
+                r.kernel, r.bucket, ", ".join(f"{k}={v}" for k, v in r.values.items()), _ms(r.default_s),
+                _ms(r.best_s), r.code, _ms(r.bucket_s), r.bucket_config if r.bucket_config != "default" else "dynamic default", r.config,
+            ]
             for r in found
         ]
-        columns = ["kernel", "bucket", "tuned for", "dynamic ms", "bucket ms", "speedup", "code", "config"]
+        columns = ["kernel", "bucket", "tuned for", "dynamic ms", "specialised ms", "these sizes run", "tuned dynamic ms", "other sizes run", "tuned config"]
         out.print(table(f"{args.strategy} tuning per shape bucket on {target.label}", columns, rows))
 
     return Report(data, render)
