@@ -14,9 +14,9 @@ import numpy as np
 from portkern import schemas, signing
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest, validated_key
-from portkern.cache.store import UNUSABLE, CacheWarning, Entry, Store, default_store
+from portkern.cache.store import UNUSABLE, CacheWarning, Entry, Filter, Store, default_store
 from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, TuningError
-from portkern.jit import buckets, devices
+from portkern.jit import buckets, cpu, devices
 from portkern.jit.args import check_arguments
 from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
@@ -43,6 +43,8 @@ class Native:
     #: "cache", "remote" (the fleet's remote tier), "prebuilt", "finalized", or "tuned" (searched for in this call).
     origin: str
     finalize_s: float = 0.0
+    #: The device the code was built for (a named CPU's label when it serves this host's CPU).
+    built_for: str = ""
 
 
 def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
@@ -233,12 +235,12 @@ class LoadedBundle:
         key = self.key(record, target, config).hex
         hit = self._cached(key, target)
         if hit is not None:
-            return Native(hit[0], key, config, "cache", hit[1].finalize_s)
+            return Native(hit[0], key, config, "cache", hit[1].finalize_s, target.label)
         remote = self.store.remote
         with self.store.lock(key):
             hit = self._cached(key, target, count=False)
             if hit is not None:
-                return Native(hit[0], key, config, "cache", hit[1].finalize_s)
+                return Native(hit[0], key, config, "cache", hit[1].finalize_s, target.label)
             shared = self._from_remote(record, target, key, config, count=True)
             if shared is not None:
                 return shared
@@ -247,10 +249,14 @@ class LoadedBundle:
                 if shared is not None:
                     return shared
                 prebuilt = self._prebuilt(record, target) if config == DEFAULT_CONFIG else None
+                if prebuilt is None:
+                    named = self._named_cpu(record, target, config)
+                    if named is not None:
+                        return named
                 start = time.perf_counter()
                 data = prebuilt if prebuilt is not None else self._compile(record, target, config)
                 elapsed = time.perf_counter() - start
-                native = Native(data, key, config, "prebuilt" if prebuilt is not None else "finalized", elapsed)
+                native = Native(data, key, config, "prebuilt" if prebuilt is not None else "finalized", elapsed, target.label)
                 self.store.put(key, data, self._entry(record, target, native))
                 if prebuilt is None:
                     self._publish(record, target, native)
@@ -270,7 +276,7 @@ class LoadedBundle:
         if fetched is None:
             return None
         finalize_s = fetched.meta.get("finalize_s", 0.0)
-        native = Native(fetched.data, key, config, "remote", finalize_s)
+        native = Native(fetched.data, key, config, "remote", finalize_s, target.label)
         self.store.put(key, fetched.data, self._entry(record, target, native))
         return native
 
@@ -302,6 +308,30 @@ class LoadedBundle:
             self.store.delete(key)
             return None
         return hit
+
+    def _named_cpu(self, record: KernelRecord, target: Target, config: str) -> Native | None:
+        """Code built for a named CPU whose every feature this host has, from the cache or the
+        bundle's prebuilt slices, most specific CPU first; only for this host's own CPU."""
+        if target.fingerprint.kind != cpu.KIND or target.fingerprint != cpu.host(self.store):
+            return None
+        digest = self.key(record, target, config).kernel
+        slices = {DeviceFingerprint.from_dict(a.device): a for a in record.native} if config == DEFAULT_CONFIG else {}
+        cached = {
+            DeviceFingerprint.from_dict(e.device)
+            for e in self.store.entries(Filter(kernel=record.name))
+            if e.kernel_digest == digest and e.config == config
+        }
+        for fingerprint in cpu.serving_order(target.fingerprint, {*slices, *cached}):
+            named = replace(target, fingerprint=fingerprint, flags=cpu.flags(fingerprint))
+            key = self.key(record, named, config).hex
+            hit = self.store.get(key)
+            if hit is not None:
+                return Native(hit[0], key, config, "cache", hit[1].finalize_s, named.label)
+            if fingerprint in slices:
+                native = Native(self.bundle.blob(slices[fingerprint].blob), key, config, "prebuilt", 0.0, named.label)
+                self.store.put(key, native.data, self._entry(record, named, native))
+                return native
+        return None
 
     def _prebuilt(self, record: KernelRecord, target: Target) -> bytes | None:
         for artifact in record.native:

@@ -1,8 +1,9 @@
 """`portkern finalize`: native code for named targets, ahead of time, into the cache.
 
 On a host without the device (`--target gfx942`, `cuda:sm_90`, `cpu:znver4`):
-the entries are stored under that target's fingerprint and are served only to
-a device with exactly that fingerprint; `--export FILE` ships them to a fleet.
+the entries are stored under that target's fingerprint and are served to a
+device with exactly that fingerprint, CPU code also to any host whose CPU has
+every feature it was built with; `--export FILE` ships them to a fleet.
 """
 
 from __future__ import annotations
