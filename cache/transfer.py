@@ -16,7 +16,6 @@ are suggestions (their code is built here) and import either way.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,24 +63,10 @@ class TransferReport:
         }
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled_schema():
-    import fastjsonschema
-
-    # The schema keeps to keywords draft 7 shares with 2020-12 ($defs are plain JSON pointers).
-    return fastjsonschema.compile({**schemas.schema("cache-export"), "$schema": "http://json-schema.org/draft-07/schema#"})
-
-
 def check_meta(meta: object) -> None:
     """Check an export's metadata against `schemas/cache-export.schema.json`; `CacheError` at the first
     violation. Compiled (fastjsonschema): an export can carry 65,536 entries."""
-    import fastjsonschema
-
-    try:
-        _compiled_schema()(meta)
-    except fastjsonschema.JsonSchemaValueException as exc:
-        where = "/".join(str(part) for part in exc.path[1:]) or "meta"
-        raise CacheError(f"metadata does not match the cache-export schema at {where}: {exc.message[:300]}") from None
+    schemas.check("cache-export", meta, CacheError)
 
 
 def export(
