@@ -138,6 +138,10 @@ class KernelRuntimeError(PortkernError):
     """The runtime failed while executing a kernel."""
 
 
+class ForkError(DeviceError):
+    """Device runtime state inherited across fork() cannot be used or rebuilt in this process."""
+
+
 # --- cache and tuning -------------------------------------------------------
 
 

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from portkern import signing
+from portkern import schemas, signing
 from portkern.portable import framing
 from portkern.cache.config import CacheWarning, parse_size
 from portkern.errors import CacheError, PortkernError
@@ -203,7 +203,8 @@ class RemoteCache:
         if not raw:
             raise CacheError(f"larger than the {self.config.max_value}-byte value limit")
         _, _, document = framing.unpack(FORMAT, raw)
-        meta, blobs = framing.meta_and_blobs(document, "remote-entry", CacheError)
+        meta, blobs = framing.meta_and_blobs(document, "remote-entry", CacheError, validate=False)
+        schemas.check("remote-entry", meta, CacheError)
         if "data" not in blobs or not set(blobs) <= {"data", "signature"}:
             raise CacheError("value must hold a 'data' blob and at most a 'signature' blob")
         data = blobs["data"]

@@ -16,7 +16,6 @@ are suggestions (their code is built here) and import either way.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,24 +64,10 @@ class TransferReport:
         }
 
 
-@functools.lru_cache(maxsize=1)
-def _compiled_schema():
-    import fastjsonschema
-
-    # The schema keeps to keywords draft 7 shares with 2020-12 ($defs are plain JSON pointers).
-    return fastjsonschema.compile({**schemas.schema("cache-export"), "$schema": "http://json-schema.org/draft-07/schema#"})
-
-
 def check_meta(meta: object) -> None:
     """Check an export's metadata against `schemas/cache-export.schema.json`; `CacheError` at the first
     violation. Compiled (fastjsonschema): an export can carry 65,536 entries."""
-    import fastjsonschema
-
-    try:
-        _compiled_schema()(meta)
-    except fastjsonschema.JsonSchemaValueException as exc:
-        where = "/".join(str(part) for part in exc.path[1:]) or "meta"
-        raise CacheError(f"metadata does not match the cache-export schema at {where}: {exc.message[:300]}") from None
+    schemas.check("cache-export", meta, CacheError)
 
 
 def export(
@@ -121,9 +106,10 @@ def export(
     return report
 
 
-def import_(store: Store, path: str | Path, *, allow_unsigned: bool = False) -> TransferReport:
-    """Add an export file's entries and tuning results to the store; refuse anything that does not
-    check out, and native code unless the file is signed by a trusted key (or `allow_unsigned`)."""
+def import_(store: Store, path: str | Path, *, device: str | None = None, allow_unsigned: bool = False) -> TransferReport:
+    """Add an export file's entries and tuning results (optionally one device's) to the store;
+    refuse anything that does not check out, and native code unless the file is signed by a
+    trusted key (or `allow_unsigned`)."""
     path = Path(path)
     raw = framing.read_bounded(path, MAX_EXPORT_BYTES, "cache export", CacheError)
     try:
@@ -139,13 +125,16 @@ def import_(store: Store, path: str | Path, *, allow_unsigned: bool = False) -> 
             report.unsigned_allowed = bool(meta["entries"])
         else:
             refusal = f"native code refused: the file is {report.signature.describe()} (--allow-unsigned takes it anyway)"
-    accepted = [found for item in meta["entries"] if (found := _checked_entry(store, Entry(**item), blobs, report, refusal))]
+    wanted = [item for item in meta["entries"] if device is None or matches_device(item["device"], device)]
+    accepted = [found for item in wanted if (found := _checked_entry(store, Entry(**item), blobs, report, refusal))]
     report.entries = store.put_many(accepted)
     report.bytes = sum(len(data) for _, data, _ in accepted[: report.entries])
     for item in meta["records"]:
         record = item["record"]
-        device = DeviceFingerprint.from_dict(record["device"])
-        if tuning_key(record["problem"], device, record["compiler"]) != item["key"]:
+        if device is not None and not matches_device(record["device"], device):
+            continue
+        fingerprint = DeviceFingerprint.from_dict(record["device"])
+        if tuning_key(record["problem"], fingerprint, record["compiler"]) != item["key"]:
             report.rejected.append(f"tuning result {item['key'][:12]}: key does not match its problem/device/compiler")
             continue
         if store.put_record("t", item["key"], record):

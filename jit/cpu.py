@@ -11,6 +11,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Iterable
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
@@ -133,6 +134,21 @@ def can_run(code: DeviceFingerprint, host_cpu: DeviceFingerprint) -> bool:
     return enabled_features(code.features) <= enabled_features(host_cpu.features) and code.property(
         "triple"
     ) == host_cpu.property("triple")
+
+
+def serving_order(host_cpu: DeviceFingerprint, built_for: Iterable[DeviceFingerprint]) -> list[DeviceFingerprint]:
+    """The CPUs among `built_for` whose code this host runs (`can_run`): the host's own
+    first, then the most specific (most features enabled)."""
+    runs = {fp for fp in built_for if fp.kind == KIND and can_run(fp, host_cpu)}
+    return sorted(runs, key=lambda fp: (fp != host_cpu, -len(enabled_features(fp.features)), fp.arch))
+
+
+def serves(code: DeviceFingerprint, store: Store | None = None) -> str:
+    """Which hosts native code built for `code` is served to, in words, and whether this one is."""
+    if code.kind != KIND:
+        return f"exactly {code.label}"
+    here = "this host" if can_run(code, host(store)) else "not this host"
+    return f"CPUs with every feature of {code.arch} ({len(enabled_features(code.features))}); {here}"
 
 
 def probe(store: Store | None = None) -> Probe:

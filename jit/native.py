@@ -17,8 +17,9 @@ from typing import Callable, Sequence
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
-from portkern.cache.store import CacheWarning, Entry, Store
+from portkern.cache.store import CacheWarning, Entry, Filter, Store
 from portkern.errors import DeviceError, FinalizeError, PortkernError
+from portkern.jit import cpu
 from portkern.jit.codeobject import check as check_code
 from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
@@ -41,6 +42,8 @@ class Native:
     #: "cache", "remote" (the fleet's remote tier), "prebuilt", "finalized", or "tuned" (searched for in this call).
     origin: str
     finalize_s: float = 0.0
+    #: The device the code was built for (a named CPU's label when it serves this host's CPU).
+    built_for: str = ""
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,7 @@ class NativeCode:
                 plan = plans[index]
                 locks.enter_context(self.store.lock(hex_key))
                 fleet_wide = locks.enter_context(remote.lock(hex_key)) if remote is not None else False
-                outcome = self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan)
+                outcome = self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan) or self._named_cpu(plan)
                 if outcome is None:
                     try:
                         jobs[index] = (self._job(index, plan), plan)
@@ -195,7 +198,7 @@ class NativeCode:
             warnings.warn(f"cache entry {plan.hex[:16]} is not code for {plan.target.label} ({problem}); evicted", CacheWarning)
             self.store.delete(plan.hex)
             return None
-        return Native(hit[0], plan.hex, plan.config, "cache", hit[1].finalize_s)
+        return Native(hit[0], plan.hex, plan.config, "cache", hit[1].finalize_s, plan.target.label)
 
     def evict(self, plan: Plan) -> None:
         """Drop the plan's cache entry (it does not load)."""
@@ -204,7 +207,7 @@ class NativeCode:
     def put(self, plan: Plan, data: bytes, finalize_s: float = 0.0, kernel_time_s: float | None = None) -> Native:
         """Cache native code built elsewhere (the tuner's winning candidate), with the kernel
         time the tuner measured for it."""
-        native = Native(data, plan.hex, plan.config, "finalized", finalize_s)
+        native = Native(data, plan.hex, plan.config, "finalized", finalize_s, plan.target.label)
         entry = self.entry(plan, native)
         entry.kernel_time_s = kernel_time_s
         self.store.put(plan.hex, data, entry)
@@ -265,7 +268,7 @@ class NativeCode:
             self.store.count_remote(fetched is not None)
         if fetched is None:
             return None
-        native = Native(fetched.data, plan.hex, plan.config, "remote", fetched.meta.get("finalize_s", 0.0))
+        native = Native(fetched.data, plan.hex, plan.config, "remote", fetched.meta.get("finalize_s", 0.0), plan.target.label)
         self.store.put(plan.hex, fetched.data, self.entry(plan, native))
         return native
 
@@ -283,10 +286,33 @@ class NativeCode:
                 data = self.bundle.blob(artifact.blob)
                 problem = code_problem(data, plan.target.fingerprint)
                 if problem is None:
-                    native = Native(data, plan.hex, plan.config, "prebuilt")
+                    native = Native(data, plan.hex, plan.config, "prebuilt", 0.0, plan.target.label)
                     self.store.put(plan.hex, data, self.entry(plan, native))
                     return native
                 warnings.warn(f"prebuilt {artifact.target} code of {plan.name!r} ignored: {problem}")
+        return None
+
+    def _named_cpu(self, plan: Plan) -> Native | None:
+        """Code built for a named CPU whose every feature this host has, from the cache or the
+        bundle's prebuilt slices, most specific CPU first; only for this host's own CPU."""
+        target = plan.target
+        if target.fingerprint.kind != cpu.KIND or target.fingerprint != cpu.host(self.store):
+            return None
+        slices = {DeviceFingerprint.from_dict(a.device): a for a in plan.record.native} if plan.config == DEFAULT_CONFIG else {}
+        cached = {
+            DeviceFingerprint.from_dict(e.device)
+            for e in self.store.entries(Filter(kernel=plan.name))
+            if e.kernel_digest == plan.kernel and e.config == plan.config
+        }
+        for fingerprint in cpu.serving_order(target.fingerprint, {*slices, *cached}):
+            named = self.plan(plan.record, replace(target, fingerprint=fingerprint, flags=cpu.flags(fingerprint)), plan.config)
+            hit = self.store.get(named.hex)
+            if hit is not None:
+                return Native(hit[0], named.hex, plan.config, "cache", hit[1].finalize_s, named.target.label)
+            if fingerprint in slices:
+                native = Native(self.bundle.blob(slices[fingerprint].blob), named.hex, plan.config, "prebuilt", 0.0, named.target.label)
+                self.store.put(named.hex, native.data, self.entry(named, native))
+                return native
         return None
 
     def _job(self, index: int, plan: Plan) -> Job:
@@ -307,7 +333,7 @@ class NativeCode:
             check_code(data, plan.target.fingerprint)
         except PortkernError as exc:
             return exc
-        native = Native(data, plan.hex, plan.config, "finalized", result.wall_s)
+        native = Native(data, plan.hex, plan.config, "finalized", result.wall_s, plan.target.label)
         self.store.put(plan.hex, data, self.entry(plan, native))
         self._publish(plan, native)
         return native

@@ -7,7 +7,10 @@ first of them runs the code.
 
 portkern caches native binaries itself, so unless the user configured PoCL's
 kernel cache (POCL_KERNEL_CACHE or POCL_CACHE_DIR), it is switched off for the
-process and PoCL's scratch files go to a directory removed at exit.
+process and PoCL's scratch files go to a directory the process removes at exit.
+
+OpenCL drivers do not survive fork(): in a child of a process that started the
+OpenCL runtime, using it raises `ForkError` instead of hanging.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 from portkern.cache import scratch as scratch_dirs
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError
+from portkern.errors import DeviceError, ForkError
 from portkern.jit.target import Probe, Target
 
 KIND = "opencl"
@@ -34,6 +37,8 @@ SPIR_OPTIONS = ("-x", "spir", "-spir-std=1.2")
 _IL_VERSION = re.compile(r"SPIR-V_(\d+)\.(\d+)")
 _lock = threading.Lock()
 _contexts: dict[int, tuple[Any, Any]] = {}
+#: The process that started the OpenCL runtime (None: not started yet).
+_started_in: int | None = None
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,22 @@ def _configure_pocl() -> None:
     scratch = scratch_dirs.make("pocl")  # named with our pid, so `cache verify` can sweep it if we are killed
     os.environ["POCL_KERNEL_CACHE"] = "0"
     os.environ["POCL_CACHE_DIR"] = scratch
-    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    atexit.register(_remove_scratch, scratch, os.getpid())
+
+
+def _remove_scratch(path: str, owner: int) -> None:
+    """Remove PoCL's scratch directory, in the process that made it only (never in a forked child)."""
+    if os.getpid() == owner:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def check_process() -> None:
+    """ForkError if the OpenCL runtime was started by a parent of this forked process."""
+    if _started_in is not None and _started_in != os.getpid():
+        raise ForkError(
+            "the OpenCL runtime was started before this process was forked and does not work after fork(); "
+            "start worker processes with the 'spawn' or 'forkserver' method, or fork before the first OpenCL kernel is loaded"
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -72,6 +92,8 @@ def scan() -> tuple[tuple[Found, ...], str]:
         cl = pyopencl()
     except DeviceError as exc:
         return (), str(exc)
+    global _started_in
+    _started_in = os.getpid()
     try:
         platforms = cl.get_platforms()
     except cl.Error as exc:
@@ -183,6 +205,7 @@ def target(arch: str | None, store: Store | None = None) -> Target:
 def device(target: Target):
     """The pyopencl device a target stands for."""
     found, reason = scan()
+    check_process()
     for item in found:
         if item.fingerprint == target.fingerprint:
             return item.device
@@ -193,6 +216,7 @@ def context(target: Target) -> tuple[Any, Any]:
     """The process's (context, command queue) for a target's device."""
     cl = pyopencl()
     dev = device(target)
+    check_process()
     with _lock:
         if dev.int_ptr not in _contexts:
             try:

@@ -229,36 +229,40 @@ class ClKernel:
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         cl = opencl.pyopencl()
+        opencl.check_process()
         bound = bind_launch(self.name, self.launch, self.local, arrays)
         inputs = dict(zip((a.name for a in self.launch.inputs), arrays))
         flags = cl.mem_flags
         values, results = [], []
-        with self._lock:
-            try:
-                for arg in self.launch.args:
-                    if not arg.is_buffer:
-                        values.append(bound.scalars[arg.name] if arg.value is not None else inputs[arg.name][()])
-                        continue
-                    host = np.empty(bound.shapes[arg.name], arg.dtype) if arg.role == "out" else inputs[arg.name]
-                    if arg.role == "inout":
-                        host = host.copy()
-                    access = {"in": flags.READ_ONLY, "out": flags.WRITE_ONLY, "inout": flags.READ_WRITE}[arg.role]
-                    if arg.role != "out" and host.nbytes:
-                        buffer = cl.Buffer(self._ctx, access | flags.COPY_HOST_PTR, hostbuf=host)
-                    else:
-                        buffer = cl.Buffer(self._ctx, access, size=max(host.nbytes, host.itemsize))
-                    values.append(buffer)
-                    if arg.is_output:
-                        results.append((host, buffer))
-                if all(bound.global_size):
+        try:
+            for arg in self.launch.args:
+                if not arg.is_buffer:
+                    values.append(bound.scalars[arg.name] if arg.value is not None else inputs[arg.name][()])
+                    continue
+                host = np.empty(bound.shapes[arg.name], arg.dtype) if arg.role == "out" else inputs[arg.name]
+                if arg.role == "inout":
+                    host = host.copy()
+                access = {"in": flags.READ_ONLY, "out": flags.WRITE_ONLY, "inout": flags.READ_WRITE}[arg.role]
+                if arg.role != "out" and host.nbytes:
+                    buffer = cl.Buffer(self._ctx, access | flags.COPY_HOST_PTR, hostbuf=host)
+                else:
+                    buffer = cl.Buffer(self._ctx, access, size=max(host.nbytes, host.itemsize))
+                values.append(buffer)
+                if arg.is_output:
+                    results.append((host, buffer))
+            # The kernel object's arguments are shared; a launch captures them when enqueued.
+            launched = []
+            if all(bound.global_size):
+                with self._lock:
                     self._kernel.set_args(*values)
-                    cl.enqueue_nd_range_kernel(self._queue, self._kernel, bound.global_size, self.local)
-                for host, buffer in results:
-                    if host.nbytes:
-                        cl.enqueue_copy(self._queue, host, buffer)
-                self._queue.finish()
-            except cl.Error as exc:
-                raise KernelRuntimeError(f"{self.name} on {self.target.label}: {exc}") from None
+                    launched.append(cl.enqueue_nd_range_kernel(self._queue, self._kernel, bound.global_size, self.local))
+            for host, buffer in results:
+                if host.nbytes:
+                    cl.enqueue_copy(self._queue, host, buffer, wait_for=launched, is_blocking=True)
+            if launched:
+                cl.wait_for_events(launched)
+        except cl.Error as exc:
+            raise KernelRuntimeError(f"{self.name} on {self.target.label}: {exc}") from None
         return [host for host, _ in results]
 
 

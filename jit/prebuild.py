@@ -1,16 +1,22 @@
 """Prebuilt native code in a bundle: each MLIR kernel finalised for named targets, like a fat binary.
 
-The loader serves a prebuilt slice only to a device whose fingerprint equals
-the one recorded with it, and finalises the portable stage otherwise.
+The loader serves a prebuilt slice to a device whose fingerprint equals the
+one recorded with it (a CPU slice also to a host CPU with all its features),
+and finalises the portable stage otherwise. A kernel
+that fails for a target is reported and left without that slice; the others
+are still built.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from portkern.errors import DeviceError, PortkernError
 from portkern.jit.finalize import finalize
 from portkern.jit.target import Target
+from portkern.jit.toolchain import IREE
 from portkern.portable.bundle import Bundle, KernelRecord, NativeArtifact, sha256
 
 #: Called before each kernel is finalised for each target.
@@ -18,11 +24,28 @@ Progress = Callable[[KernelRecord, Target], None]
 FINALIZED_KINDS = ("mlir", "onnx")
 
 
-def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | None = None) -> Bundle:
+@dataclass(frozen=True)
+class Failure:
+    """A kernel that could not be finalised for a target, and why."""
+
+    kernel: str
+    target: str
+    error: str
+
+
+@dataclass(frozen=True)
+class Prebuilt:
+    """The bundle with the native code that could be built, and what could not."""
+
+    bundle: Bundle
+    failures: tuple[Failure, ...]
+
+
+def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | None = None) -> Prebuilt:
     """`bundle` with native code for every target added to each MLIR/ONNX kernel
-    (replacing a slice already there for the same target)."""
+    (replacing a slice already there for the same target), past any that fail."""
     blobs = dict(bundle.blobs)
-    records = []
+    records, failures = [], []
     for record in bundle.kernels:
         if record.kind not in FINALIZED_KINDS:
             records.append(record)
@@ -31,9 +54,16 @@ def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | Non
         for target in targets:
             if progress:
                 progress(record, target)
-            data = finalize(bundle, record, target)
+            try:
+                if not IREE.accepts(target):
+                    raise DeviceError(f"{target.label} runs OpenCL kernels; {record.kind} kernels are prebuilt for IREE targets")
+                data = finalize(bundle, record, target)
+            except PortkernError as exc:
+                failures.append(Failure(record.name, target.label, f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+                continue
             blobs[sha256(data)] = data
             native[target.label] = NativeArtifact(target.label, "vmfb", sha256(data), len(data), target.fingerprint.to_dict())
         records.append(dataclasses.replace(record, native=tuple(native[label] for label in sorted(native))))
     referenced = {item.blob for r in records for item in (*r.stages, *r.native)}
-    return Bundle(bundle.name, tuple(records), {sha: data for sha, data in blobs.items() if sha in referenced}, version=bundle.version)
+    kept = {sha: data for sha, data in blobs.items() if sha in referenced}
+    return Prebuilt(Bundle(bundle.name, tuple(records), kept, version=bundle.version), tuple(failures))

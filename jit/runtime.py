@@ -1,72 +1,197 @@
-"""Running native IREE code (vmfb) on NumPy arrays."""
+"""Running native IREE code (vmfb) on NumPy arrays, from any thread and in forked children.
+
+Threads: the runtime releases the GIL while a call runs. On `local-task` a lone
+call runs on the process's task executor (one worker per core). While calls
+overlap (and for `OVERLAP_WINDOW_S` after), and for a kernel that takes under
+`SMALL_CALL_S`, calls run on the calling thread (`local-sync`) instead: concurrent
+callers then each keep a core busy rather than queue on, or preempt, the executor.
+
+Fork: runtime objects inherited from the parent are never used nor released in a
+child (their worker threads do not exist there); each executable loads again, from
+the native code it holds, at its first call in the child.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
+import time
 from typing import Iterator
 
 import numpy as np
 
-from portkern.errors import DeviceError, KernelRuntimeError
+from portkern.errors import DeviceError, ForkError, KernelRuntimeError
 
-_configs: dict[str, object] = {}
-_configs_lock = threading.Lock()
+#: The driver that runs a `local-task` call on the calling thread.
+INLINE = {"local-task": "local-sync"}
+#: A kernel whose inline call takes less than this never goes to the task executor.
+SMALL_CALL_S = 2e-4
+#: Inline calls timed before a kernel is judged small or not.
+INLINE_PROBES = 3
+#: After two calls overlapped, every call runs inline for this long.
+OVERLAP_WINDOW_S = 0.1
+#: Drivers started afresh in a forked child; others (GPU drivers) do not survive fork.
+FORK_SAFE = ("local-task", "local-sync")
+
+
+class _Process:
+    """This process's runtime state; a forked child starts a fresh one."""
+
+    def __init__(self, parent: "_Process | None" = None) -> None:
+        self.lock = threading.RLock()
+        self.configs: dict[str, object] = {}
+        self.traffic = _Traffic()
+        #: Drivers a parent process started before it forked this one.
+        self.inherited: frozenset[str] = frozenset(parent.configs).union(parent.inherited) if parent else frozenset()
+
+
+class _Traffic:
+    """Calls in flight in this process, and when two last overlapped."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.in_flight = 0
+        self.overlap_at = -float("inf")
+
+    def enter(self) -> bool:
+        """Count a call in; True when it runs alone and no calls overlapped lately."""
+        now = time.monotonic()
+        with self.lock:
+            self.in_flight += 1
+            if self.in_flight > 1:
+                self.overlap_at = now
+            return now - self.overlap_at > OVERLAP_WINDOW_S
+
+    def leave(self) -> None:
+        with self.lock:
+            self.in_flight -= 1
+
+
+_process = _Process()
+#: Runtime objects inherited across fork: kept referenced, so that no destructor
+#: waits in the child for the parent's worker threads.
+_inherited: list[object] = []
+
+
+def _after_fork_in_child() -> None:
+    global _process
+    _inherited.append(_process)
+    _process = _Process(_process)
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def runtime_config(driver: str):
-    """One IREE runtime config (instance + device) per driver per process."""
-    with _configs_lock:
-        if driver not in _configs:
+    """One IREE runtime config (instance + device) per driver per process, on a driver of
+    its own (IREE's shared driver cache would hand a forked child its parent's executor)."""
+    process = _process
+    with process.lock:
+        if driver not in process.configs:
             import iree.runtime as rt
+            from iree.runtime import _binding
 
+            if driver in process.inherited and driver not in FORK_SAFE:
+                raise ForkError(
+                    f"the IREE {driver!r} driver was started before this process was forked and does not work "
+                    "after fork(); start worker processes with the 'spawn' or 'forkserver' method, "
+                    "or fork before the first kernel is loaded on it"
+                )
             try:
-                _configs[driver] = rt.Config(driver)
+                process.configs[driver] = rt.Config(device=_binding.create_hal_driver(driver).create_default_device())
             except (RuntimeError, ValueError) as exc:
                 # rt.Config hides the driver's own message in __cause__.
                 cause = " ".join(str(exc.__cause__ or exc).split())
                 raise DeviceError(f"IREE runtime driver {driver!r} is not usable here: {cause[:500]}") from None
-        return _configs[driver]
+        return process.configs[driver]
+
+
+class _Loaded:
+    """A vmfb loaded on one driver in one process."""
+
+    def __init__(self, vmfb: bytes, entry: str, driver: str) -> None:
+        import iree.runtime as rt
+
+        self.process = _process
+        config = runtime_config(driver)
+        try:
+            self.context = rt.SystemContext(config=config)
+            module = rt.VmModule.copy_buffer(self.context.instance, vmfb)
+            self.context.add_vm_module(module)
+            self.function = self.context.modules[module.name][entry]
+        except (RuntimeError, ValueError, KeyError) as exc:
+            raise KernelRuntimeError(f"cannot load native code for {entry!r}: {exc}") from None
 
 
 class Executable:
     """A loaded vmfb whose entry function takes and returns NumPy arrays."""
 
     def __init__(self, vmfb: bytes, entry: str, driver: str = "local-task") -> None:
-        import iree.runtime as rt
-
-        config = runtime_config(driver)
-        self._device = config.device
-        try:
-            self._context = rt.SystemContext(config=config)
-            module = rt.VmModule.copy_buffer(self._context.instance, vmfb)
-            self._context.add_vm_module(module)
-            self._function = self._context.modules[module.name][entry]
-        except (RuntimeError, ValueError, KeyError) as exc:
-            raise KernelRuntimeError(f"cannot load native code for {entry!r}: {exc}") from None
         self.entry = entry
         self.driver = driver
+        self._vmfb = vmfb
+        self._loaded: dict[str, _Loaded] = {}
+        self._inline_s = float("inf")
+        self._inline_probes = 0
+        self._load(driver)
+
+    def _load(self, driver: str) -> _Loaded:
+        """The vmfb loaded on `driver` in this process (loaded again after fork)."""
+        loaded = self._loaded.get(driver)
+        if loaded is not None and loaded.process is _process:
+            return loaded
+        with _process.lock:
+            loaded = self._loaded.get(driver)
+            if loaded is None or loaded.process is not _process:
+                if loaded is not None:
+                    _inherited.append(loaded)
+                loaded = self._loaded[driver] = _Loaded(self._vmfb, self.entry, driver)
+            return loaded
 
     def upload(self, arrays: list[np.ndarray]) -> list:
         """The arrays copied to this executable's device once, for repeated calls (benchmarks)."""
         import iree.runtime as rt
 
-        return [rt.asdevicearray(self._context.config.device, a) for a in arrays]
+        device = self._load(self.driver).context.config.device
+        return [rt.asdevicearray(device, a) for a in arrays]
 
     def invoke(self, *arrays):
         """Run on device arrays (from `upload`) or NumPy arrays; results stay on the device.
 
         A Ctrl-C during the call is raised as KeyboardInterrupt once the call returns.
         """
+        return self._invoke(self._load(self.driver), arrays)
+
+    def _invoke(self, loaded: _Loaded, arrays):
         with interrupts_deferred():
             try:
-                return self._function(*arrays)
+                return loaded.function(*arrays)
             except (RuntimeError, ValueError) as exc:
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
+    def _run(self, arrays):
+        """Run NumPy arrays on the task executor when the call is alone and worth it, else inline."""
+        inline = INLINE.get(self.driver)
+        if inline is None:
+            return self.invoke(*arrays)
+        traffic = _process.traffic
+        alone = traffic.enter()
+        try:
+            if alone and self._inline_probes >= INLINE_PROBES and self._inline_s >= SMALL_CALL_S:
+                return self.invoke(*arrays)
+            start = time.perf_counter()
+            results = self._invoke(self._load(inline), arrays)
+            if self._inline_probes < INLINE_PROBES:
+                self._inline_s = min(self._inline_s, time.perf_counter() - start)
+                self._inline_probes += 1
+            return results
+        finally:
+            traffic.leave()
+
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        results = self.invoke(*arrays)
+        results = self._run(arrays)
         if results is None:
             return []
         if not isinstance(results, (tuple, list)):

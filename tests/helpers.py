@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 
 
@@ -28,3 +30,16 @@ def opencl_device_missing() -> str:
 
     probe = opencl.probe()
     return "" if probe.devices else f"needs an OpenCL device: {probe.reason}"
+
+
+def build_mlir(where: Path, name: str = "k", **sources: str) -> Path:
+    """A bundle `<where>/<name>.pkb` of MLIR kernels, one per keyword (kernel name=source text)."""
+    from portkern.portable.builder import build_file
+
+    lines = [f"bundle: {name}", "kernels:"]
+    for kernel, text in sources.items():
+        (where / f"{kernel}.mlir").write_text(text)
+        lines += [f"  - name: {kernel}", f"    source: {kernel}.mlir"]
+    (where / f"{name}.yaml").write_text("\n".join(lines) + "\n")
+    build_file(where / f"{name}.yaml", where / f"{name}.pkb")
+    return where / f"{name}.pkb"

@@ -5,13 +5,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import portkern
 from portkern.portable.builder import build_file
+
+from helpers import build_mlir
 
 SCALAR_ADD = """
 func.func @main(%a: tensor<f32>, %b: tensor<f32>) -> tensor<f32> {
@@ -86,17 +87,6 @@ kernels:
       - {name: n, dtype: int32, value: N}
     global: [1]
 """
-
-
-def build_mlir(where: Path, **sources: str) -> Path:
-    """A bundle of MLIR kernels, one per keyword (name=source text)."""
-    lines = ["bundle: call_path", "kernels:"]
-    for name, text in sources.items():
-        (where / f"{name}.mlir").write_text(text)
-        lines += [f"  - name: {name}", f"    source: {name}.mlir"]
-    (where / "manifest.yaml").write_text("\n".join(lines) + "\n")
-    build_file(where / "manifest.yaml", where / "k.pkb")
-    return where / "k.pkb"
 
 
 @pytest.fixture(scope="module")

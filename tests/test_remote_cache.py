@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import socket
 import warnings
 
@@ -33,7 +32,7 @@ from portkern.jit.native import compiler_id, selection_problem  # noqa: E402
 from portkern.jit.workers import Pool  # noqa: E402
 from portkern.tuner import perfconfig  # noqa: E402
 from portkern.tuner.cpu_config import CpuConfig  # noqa: E402
-from test_cache_processes import RUN_KERNEL, result  # noqa: E402
+from test_cache_processes import result, run  # noqa: E402
 
 #: A CPU config of gemm_bias_relu's GEMM that compiles and computes correctly.
 TUNED = "0=" + perfconfig.to_string(CpuConfig((128, 128, 0), (8, 32, 0), (0, 0, 4)))
@@ -103,23 +102,12 @@ def test_a_second_host_gets_native_code_and_tuning_without_compiling(fleet, exam
 
 
 def test_eight_processes_on_two_hosts_compile_a_cold_kernel_once(fleet, examples_bundle, tmp_path):
-    env = {**os.environ}
-    procs = []
-    for i in range(8):
-        env_i = {**env, "PORTKERN_CACHE_DIR": str(tmp_path / f"host{i % 2}")}
-        procs.append(_spawn(env_i, str(examples_bundle), "gemm_glu"))
+    procs = [run(tmp_path / f"host{i % 2}", str(examples_bundle), "gemm_glu") for i in range(8)]
     results = [result(p) for p in procs]
     origins = sorted(r["origin"] for r in results)
     assert all(r["ok"] for r in results)
     assert origins.count("finalized") == 1, origins
     assert set(origins) <= {"finalized", "remote", "cache"} and "remote" in origins
-
-
-def _spawn(env, *argv):
-    import subprocess
-    import sys
-
-    return subprocess.Popen([sys.executable, "-c", RUN_KERNEL, *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def test_a_dead_holders_lock_expires_and_the_waiter_builds(fleet, examples_bundle, tmp_path, monkeypatch):

@@ -207,3 +207,15 @@ def test_cli_tune_errors(examples_bundle, tmp_path, capsys, extra, message):
     assert main(["tune", str(examples_bundle), "--cache-dir", str(tmp_path), *extra]) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("portkern: error: ") and "\n" not in err and message in err
+
+
+def test_cli_tune_json_gives_each_failed_candidates_reason(examples_bundle, tmp_path, capsys, adversarial):
+    argv = ["tune", str(examples_bundle), "--kernel", "gemm_bias_relu", "--strategy", adversarial, "--cache-dir", str(tmp_path), "--json"]
+    assert main(argv) == 0
+    (kernel,) = json.loads(capsys.readouterr().out)["kernels"]
+    failed = {c["config"]: c for c in kernel["failed_candidates"]}
+    assert set(failed) == {f"0={WRONG}", f"0={TOO_LARGE}"}
+    assert failed[f"0={WRONG}"]["status"] == "wrong" and "exceeds rtol" in failed[f"0={WRONG}"]["reason"]
+    assert failed[f"0={TOO_LARGE}"]["status"] == "error" and failed[f"0={TOO_LARGE}"]["reason"]
+    timed = [e for e in kernel["evaluations"] if e["status"] == "ok"]
+    assert timed and all(t["min_s"] <= t["median_s"] and t["spread"] >= 0 for e in timed for t in e["timings"].values())

@@ -155,3 +155,26 @@ def test_one_kernels_failure_is_reported_and_the_others_are_tuned(examples_bundl
     assert main(["tune", *map(str, argv)]) == 1
     captured = capsys.readouterr()
     assert "gemm_glu dispatch 0:" in captured.out and "Traceback" not in captured.err
+
+
+def test_json_of_build_finalize_run_and_tune_carries_the_format_and_per_kernel_timings(conv_model, tmp_path, capsys):
+    import shutil
+
+    from portkern.examples import MANIFEST
+
+    bundle_path, _ = conv_model
+    shutil.copytree(MANIFEST.parent, tmp_path / "src")
+    assert main(["build", str(tmp_path / "src" / "manifest.yaml"), "-o", str(tmp_path / "ex.pkb"), "--json"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["json_format"] == 1 and all(k["build_s"] > 0 for k in built["kernels"])
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    assert main(["finalize", str(bundle_path), "--target", "cpu", *cache, "--json"]) == 0
+    finalized = json.loads(capsys.readouterr().out)
+    assert finalized["json_format"] == 1 and finalized["entries"][0]["finalize_s"] > 0
+    x = np.random.default_rng(2).uniform(-1, 1, X_SHAPE).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    assert main(["run", str(bundle_path), "conv", "--inputs", str(tmp_path / "x.npy"), *cache, "--json"]) == 0
+    ran = json.loads(capsys.readouterr().out)
+    assert ran["json_format"] == 1 and ran["timings"]["kernel_s"] >= 0 and ran["timings"]["call_s"] > 0
+    status, tuned = tune_json(capsys, bundle_path, "--budget", "1", *cache)
+    assert tuned["json_format"] == 1 and tuned["kernels"][0]["wall_s"] > 0 and tuned["kernels"][0]["default_s"] > 0

@@ -13,6 +13,9 @@ from portkern.tuner.family import Family
 from portkern.tuner.perfconfig import MAX_CONFIG_CHARS, PerfConfig
 from portkern.tuner.space import Space
 
+#: Why a dispatch with dynamic loop ranges is not searched.
+DYNAMIC_REASON = "dynamic loop ranges: tuned per shape bucket (shapes=[...], portkern tune --shapes)"
+
 #: Every family, by name.
 FAMILIES: dict[str, Family] = {f.name: f for f in (cpu_family.FAMILY, amdgpu_family.FAMILY)}
 
@@ -73,8 +76,10 @@ def space_for(dispatch: Dispatch, threads: int) -> Space | None:
 
 def no_space_reason(dispatch: Dispatch) -> str:
     """Why a dispatch has no search space."""
-    if not dispatch.tunable:
+    if dispatch.reason:
         return dispatch.reason
+    if dispatch.dynamic:
+        return DYNAMIC_REASON
     if dispatch.family not in FAMILIES:
         return f"no search space for {dispatch.family or 'this target'}"
     return FAMILIES[dispatch.family].no_space_reason(dispatch)

@@ -152,7 +152,7 @@ class _Run:
     def execute(self) -> TuneResult:
         found = self.found
         chosen = {d.index for d in self.module.choose(found)}
-        results = {d.index: DispatchResult(d.index, d.name, d.problem, note=d.reason or "left at default by the strategy") for d in found}
+        results = {d.index: DispatchResult(d.index, d.name, d.problem, note=registry.no_space_reason(d) if not d.tunable else "left at default by the strategy") for d in found}
         base = KernelConfig()
         to_search: list[Dispatch] = []
         for d in found:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import time
+from dataclasses import asdict
 from pathlib import Path
 
-from portkern.cli.common import Report, add_json, add_sign, human_size, table
+from portkern.cli.common import JSON_FORMAT, Report, add_json, add_sign, human_size, table
 
 
 def register(sub) -> None:
@@ -42,6 +44,7 @@ def run_build(args: argparse.Namespace) -> Report:
     if sign_with is not None:
         check_signing_key(sign_with)  # a bad key fails before the build
     finish = None
+    failures: list = []
     if args.prebuild:
         from portkern.jit.devices import resolve, split
         from portkern.jit.prebuild import prebuild
@@ -49,20 +52,56 @@ def run_build(args: argparse.Namespace) -> Report:
         targets = [resolve(spec) for spec in split(args.prebuild)]  # bad names fail before the build
 
         def finish(bundle):
-            return prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
+            done = prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))
+            failures.extend(done.failures)
+            return done.bundle
 
-    build_file(args.manifest, args.output, lambda spec, i, n: say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ..."), finish)
+    starts: dict[str, float] = {}
+
+    def progress(spec, i, n) -> None:
+        starts[spec.name] = time.perf_counter()
+        say(f"[{i + 1}/{n}] {spec.name} ({spec.kind}) ...")
+
+    built: list[float] = []
+
+    def finished(bundle):
+        built.append(time.perf_counter())
+        return finish(bundle) if finish is not None else bundle
+
+    build_file(args.manifest, args.output, progress, finished)
     if sign_with is not None:
         sign_file(args.output, sign_with)
     else:
         signature_path(args.output).unlink(missing_ok=True)  # a signature of an earlier build would not match
     report = describe(args.output)
     report.data["written"] = str(args.output)
+    ends = [*list(starts.values())[1:], *built]
+    for kernel, start, end in zip(report.data["kernels"], starts.values(), ends):
+        kernel["build_s"] = end - start  # lowering this kernel on the build host (prebuilds not included)
+    report.data["prebuild_failures"] = [asdict(f) for f in failures]
+    if failures:
+        shown = report.render
+
+        def render(out):
+            shown(out)
+            for failure in failures:
+                out.print(f"[red]prebuild failed[/red]: {failure.kernel} for {failure.target}: {failure.error}")
+            out.print(f"{len(failures)} prebuild(s) failed; the bundle holds the native code that was built")
+
+        report = Report(report.data, render, status=1)
     return report
 
 
 def run_inspect(args: argparse.Namespace) -> Report:
     return describe(args.bundle)
+
+
+def serves(device: dict) -> str:
+    """Which hosts native code built for this device (a fingerprint as plain data) is served to."""
+    from portkern.cache.device import DeviceFingerprint
+    from portkern.jit.cpu import serves as hosts_served
+
+    return hosts_served(DeviceFingerprint.from_dict(device))
 
 
 def describe(path: Path) -> Report:
@@ -75,6 +114,7 @@ def describe(path: Path) -> Report:
     size = len(raw)
     verdict = verify_file(path, raw, from_env().trusted)
     data = {
+        "json_format": JSON_FORMAT,
         "path": str(path),
         "name": bundle.name,
         "digest": bundle.digest,
@@ -89,7 +129,7 @@ def describe(path: Path) -> Report:
                 "signature_text": str(k.signature),
                 "contract_text": k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch description",
                 "stages": [s.to_dict() for s in k.stages],
-                "native": [n.to_dict() for n in k.native],
+                "native": [{**n.to_dict(), "serves": serves(n.device)} for n in k.native],
                 "launch": dict(k.launch),
             }
             for k in bundle.kernels
@@ -106,7 +146,7 @@ def describe(path: Path) -> Report:
             stages = ", ".join(
                 f"{s.family}/{s.phase}{' (placeholder)' if s.placeholder else ''} {human_size(s.size)}" for s in k.stages
             )
-            native = ", ".join(f"{n.target} {human_size(n.size)}" for n in k.native) or "-"
+            native = ", ".join(f"{n.target} {human_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
             contract = k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch (below)"
             rows.append([k.name, k.kind, k.entry, str(k.signature), contract, stages, native])
         out.print(table(None, ["kernel", "kind", "entry", "signature", "shape contract", "stages", "prebuilt"], rows))

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, human_age, human_size, store_from, table
+from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, device_filter, human_age, human_size, store_from, table
 from portkern.errors import CacheError
 
 #: Entries `cache ls` shows without `--all` or `--limit`.
@@ -25,6 +25,9 @@ def positive(text: str) -> int:
     return value
 
 
+DEVICE_HELP = "only this device: any spelling `finalize --target` takes (gfx942, amdgpu:gfx942, cpu:znver4, cpu), or a fingerprint prefix"
+
+
 def register(sub) -> None:
     cache = sub.add_parser("cache", help="inspect and manage the per-device cache")
     actions = cache.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -37,7 +40,7 @@ def register(sub) -> None:
         return p
 
     ls = action("ls", "list cached native code, most recently used first", run_ls)
-    ls.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    ls.add_argument("--device", help=DEVICE_HELP)
     ls.add_argument("--kernel", help="only this kernel name")
     ls.add_argument("--bundle", help="only this bundle name")
     shown = ls.add_mutually_exclusive_group()
@@ -52,13 +55,14 @@ def register(sub) -> None:
     prune.add_argument("--max-size", help="evict least recently used entries until the cache fits, e.g. 500MB")
     prune.add_argument("--older-than", help="evict entries not used for this long, e.g. 30d, 12h")
     clear = action("clear", "remove everything (unknown files included), or one device's entries", run_clear)
-    clear.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    clear.add_argument("--device", help=DEVICE_HELP)
     export = action("export", "write native code and tuning results to a file", run_export)
     export.add_argument("file", type=Path)
-    export.add_argument("--device", help="only this device (label or fingerprint prefix)")
+    export.add_argument("--device", help=DEVICE_HELP)
     add_sign(export, "the export file")
     imp = action("import", "add an exported file's entries to this cache", run_import)
     imp.add_argument("file", type=Path)
+    imp.add_argument("--device", help=DEVICE_HELP)
     imp.add_argument(
         "--allow-unsigned",
         action="store_true",
@@ -66,26 +70,34 @@ def register(sub) -> None:
     )
 
 
-def entries_table(title: str, entries: list):
-    """The `cache ls` table of cache entries."""
+def entries_table(title: str, entries: list, serves: list[str] | None = None):
+    """The `cache ls` table of cache entries (with which hosts each serves, when given)."""
     now = time.time()
     rows = [
         [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now),
          human_age(e.last_used, now), e.hits]
         for e in entries
     ]
-    return table(title, ["key", "kernel", "bundle", "device", "config", "size", "age", "used", "hits"], rows)
+    columns = ["key", "kernel", "bundle", "device", "config", "size", "age", "used", "hits"]
+    if serves is not None:
+        rows = [row + [text] for row, text in zip(rows, serves)]
+        columns.append("serves")
+    return table(title, columns, rows)
 
 
 def run_ls(args: argparse.Namespace) -> Report:
     from portkern.cache.store import Filter
 
     store = store_from(args)
-    where = Filter(kernel=args.kernel, bundle=args.bundle, device=args.device)
+    where = Filter(kernel=args.kernel, bundle=args.bundle, device=device_filter(args.device, store))
     entries = store.entries(where, limit=None if args.all else args.limit)
     total = store.count(where)
     shown = f"{len(entries)} entries" if len(entries) == total else f"the {len(entries)} most recently used of {total} entries (--all for all)"
-    return Report([asdict(e) for e in entries], lambda out: out.print(entries_table(f"{store.directory}: {shown}", entries)))
+    from portkern.cli.build import serves as hosts_served
+
+    served = [hosts_served(e.device) for e in entries]
+    data = [{**asdict(e), "serves": text} for e, text in zip(entries, served)]
+    return Report(data, lambda out: out.print(entries_table(f"{store.directory}: {shown}", entries, served)))
 
 
 def run_show(args: argparse.Namespace) -> Report:
@@ -168,7 +180,8 @@ def run_prune(args: argparse.Namespace) -> Report:
 
 
 def run_clear(args: argparse.Namespace) -> Report:
-    removed = store_from(args).clear(args.device)
+    store = store_from(args)
+    removed = store.clear(device_filter(args.device, store))
     what = f"entries of {args.device}" if args.device else "entries (and every other file of the cache)"
     return Report({"removed": removed, "device": args.device}, lambda out: out.print(f"removed {removed} {what}"))
 
@@ -178,7 +191,8 @@ def run_export(args: argparse.Namespace) -> Report:
 
     from portkern.signing import key_to_sign_with
 
-    report = export(store_from(args), args.file, device=args.device, sign_with=key_to_sign_with(args.sign))
+    store = store_from(args)
+    report = export(store, args.file, device=device_filter(args.device, store), sign_with=key_to_sign_with(args.sign))
     signed = f", signed ({report.signed})" if report.signed else ""
     return Report(report.to_dict(), lambda out: out.print(
         f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}{signed}"))
@@ -187,7 +201,8 @@ def run_export(args: argparse.Namespace) -> Report:
 def run_import(args: argparse.Namespace) -> Report:
     from portkern.cache.transfer import import_
 
-    report = import_(store_from(args), args.file, allow_unsigned=args.allow_unsigned)
+    store = store_from(args)
+    report = import_(store, args.file, device=device_filter(args.device, store), allow_unsigned=args.allow_unsigned)
 
     def render(out):
         out.print(f"{args.file}: {report.signature.describe()}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -31,12 +32,18 @@ class Report:
     status: int = 0
 
 
+#: Width of output that is not a terminal (a pipe, a file, a test): wide enough that no
+#: table column folds and no line wraps inside a figure.
+UNWRAPPED_WIDTH = 1000
+
+
 def console(stderr: bool = False):
+    """A rich console; when not writing to a terminal, one that never wraps or folds."""
     from rich.console import Console
 
     out = Console(stderr=stderr, highlight=False)
     if not out.is_terminal:
-        out = Console(stderr=stderr, highlight=False, width=160)
+        out = Console(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH, soft_wrap=True)
     return out
 
 
@@ -52,7 +59,7 @@ def emit(report: Report, as_json: bool) -> int:
 def table(title: str | None, columns: list[str], rows: list[list[Any]]):
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=title, title_justify="left", header_style="bold", min_width=len(title) if title else None)
     for name in columns:
         t.add_column(name, overflow="fold")
     for row in rows:
@@ -78,6 +85,27 @@ def human_age(timestamp: float, now: float | None = None) -> str:
 
 def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print machine-readable JSON on stdout")
+
+
+def device_filter(spec: str | None, store=None) -> str | None:
+    """What `--device` selects cache entries by: a fingerprint digest prefix (8+ hex digits)
+    or a device label the store holds, as given; else the label of the device `spec` names,
+    in any spelling `finalize --target` accepts ("gfx942", "amdgpu:gfx942", "cpu",
+    "cpu:znver4", ...); DeviceError for others. An OpenCL device resolves only on its own
+    machine, so an `opencl:` label is taken as written."""
+    from portkern.cache.store import Filter
+    from portkern.errors import DeviceError
+    from portkern.jit import devices
+
+    if spec is None or re.fullmatch(r"[0-9a-f]{8,64}", spec) or (store is not None and store.count(Filter(device=spec))):
+        return spec
+    try:
+        return devices.resolve(spec, store).label
+    except DeviceError:
+        kind, arch = devices.parse(spec)
+        if kind == "opencl" and arch and not arch.isdigit():
+            return spec
+        raise
 
 
 def add_sign(parser: argparse.ArgumentParser, what: str) -> None:

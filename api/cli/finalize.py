@@ -1,8 +1,9 @@
 """`portkern finalize`: native code for named targets, ahead of time, into the cache.
 
 On a host without the device (`--target gfx942`, `cuda:sm_90`, `cpu:znver4`):
-the entries are stored under that target's fingerprint and are served only to
-a device with exactly that fingerprint; `--export FILE` ships them to a fleet.
+the entries are stored under that target's fingerprint and are served to a
+device with exactly that fingerprint, CPU code also to any host whose CPU has
+every feature it was built with; `--export FILE` ships them to a fleet.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, console, human_size, store_from, table
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, console, human_size, store_from, table
 from portkern.errors import PortkernError, UsageError
 
 
@@ -74,7 +75,8 @@ def run_finalize(args: argparse.Namespace) -> Report:
             )
     keys = [r["key"] for r in rows if r["ok"]]
     exported = transfer.export(store, args.export, keys=keys, sign_with=sign_with).to_dict() if args.export else None
-    data = {"bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
+    # per entry, `finalize_s`: the time its native code took to make (for a cache hit, when it was made)
+    data = {"json_format": JSON_FORMAT, "bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
 
     def render(out):
         shown = [

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, store_from, table
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, store_from, table
 from portkern.errors import ArgumentTypeError, PortkernError
 
 
@@ -43,8 +44,11 @@ def run_kernel(args: argparse.Namespace) -> Report:
     if args.out is not None and args.out.suffix != ".npz":
         raise ArgumentTypeError(f"--out {args.out}: results are written as a NumPy .npz archive; give a name ending in .npz")
     bundle = portkern.load(args.bundle, store=store_from(args))
+    started = time.perf_counter()
     kernel = bundle.kernel(args.kernel, device=args.device, tune=args.tune)
+    ready = time.perf_counter()
     results = kernel(*load_inputs(args.inputs))
+    called = time.perf_counter()
     results = results if isinstance(results, tuple) else (results,)
     if args.out:
         try:
@@ -53,12 +57,15 @@ def run_kernel(args: argparse.Namespace) -> Report:
         except OSError as exc:
             raise PortkernError(f"cannot write {args.out}: {exc}") from None
     data = {
+        "json_format": JSON_FORMAT,
         "kernel": kernel.name,
         "device": kernel.device,
         "config": kernel.config,
         "origin": kernel.origin,
         "out": str(args.out) if args.out else None,
         "results": [{"name": f"result{i}", "shape": list(r.shape), "dtype": str(r.dtype)} for i, r in enumerate(results)],
+        # kernel_s: getting the kernel ready (cache, finalisation, tuning); call_s: reading the inputs and the call
+        "timings": {"kernel_s": ready - started, "call_s": called - ready},
     }
 
     def render(out):

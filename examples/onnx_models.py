@@ -1,0 +1,122 @@
+"""ONNX models to exercise portkern on, from the `onnx` package (needs it installed): its shipped
+`light` models (small stand-ins of resnet50, densenet121, ...), its shipped `pytorch-converted`
+models, and node conformance cases (generated in-process; the wheel ships no node data).
+
+`manifest` writes a model set as a manifest, each model copied with its graph named after its
+kernel and its values given identifier names (PyTorch exports name the graph `torch-jit-export` and
+values `0`, `1`, ...), so entry and argument names are plain symbols.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+#: A representative subset of the node conformance cases: convolutions, pooling, reductions,
+#: softmax and attention, contractions, normalisation, elementwise.
+NODE_CASES = (
+    "test_basic_conv_with_padding",
+    "test_conv_with_strides_padding",
+    "test_convtranspose",
+    "test_maxpool_2d_default",
+    "test_averagepool_2d_pads",
+    "test_globalaveragepool",
+    "test_reduce_sum_keepdims_random",
+    "test_reduce_mean_keepdims_random",
+    "test_softmax_axis_1",
+    "test_logsoftmax_axis_1",
+    "test_attention_4d",
+    "test_matmul_3d",
+    "test_gemm_default_vector_bias",
+    "test_einsum_batch_matmul",
+    "test_layer_normalization_3d_axis1_epsilon",
+    "test_batchnorm_example",
+    "test_transpose_default",
+    "test_relu",
+)
+
+
+@dataclass(frozen=True)
+class Model:
+    """One ONNX model: its kernel name, its suite and where its bytes come from."""
+
+    name: str
+    suite: str
+    path: Path | None = None
+    #: A generated model (node cases), as serialized bytes.
+    data: bytes | None = None
+
+
+def _data_dir() -> Path:
+    import onnx
+
+    return Path(onnx.__file__).parent / "backend" / "test" / "data"
+
+
+def kernel_name(text: str) -> str:
+    """A kernel name (letters, digits, underscores) for a model name."""
+    return "".join(c if c.isalnum() else "_" for c in text).strip("_") or "model"
+
+
+def light_models() -> list[Model]:
+    """The `light` models shipped in the onnx package."""
+    return [Model(kernel_name(p.stem), "light", p) for p in sorted((_data_dir() / "light").glob("*.onnx"))]
+
+
+def pytorch_converted_models() -> list[Model]:
+    """The `pytorch-converted` models shipped in the onnx package."""
+    found = sorted((_data_dir() / "pytorch-converted").glob("*/model.onnx"))
+    return [Model(kernel_name(p.parent.name.removeprefix("test_")), "pytorch-converted", p) for p in found]
+
+
+def node_models(names: tuple[str, ...] = NODE_CASES) -> list[Model]:
+    """The named node conformance cases (generating them takes ~30 s the first time in a process)."""
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings():  # the generators' own overflow warnings
+        warnings.simplefilter("ignore")
+        cases = {case.name: case for case in collect_testcases("") if case.name in names}
+    missing = [name for name in names if name not in cases]
+    if missing:
+        raise LookupError(f"onnx has no node cases named {', '.join(missing)}")
+    return [Model(kernel_name(name.removeprefix("test_")), "node", data=cases[name].model.SerializeToString()) for name in names]
+
+
+def seeded_subset(models: list[Model], count: int, seed: int) -> list[Model]:
+    """`count` of the models, the same ones for the same seed and list."""
+    return random.Random(seed).sample(sorted(models, key=lambda m: (m.suite, m.name)), min(count, len(models)))
+
+
+def manifest(models: list[Model], directory: Path, bundle: str) -> Path:
+    """A manifest of the models under `directory` (each graph renamed after its kernel)."""
+    import onnx
+
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [f"bundle: {bundle}", "kernels:"]
+    for model in models:
+        proto = onnx.load_from_string(model.data) if model.data is not None else onnx.load(str(model.path))
+        proto.graph.name = model.name
+        _identifier_names(proto.graph)
+        path = directory / f"{model.name}.onnx"
+        path.write_bytes(proto.SerializeToString())
+        lines += [f"  - name: {model.name}", f"    source: {path.name}"]
+    target = directory / "manifest.yaml"
+    target.write_text("\n".join(lines) + "\n")
+    return target
+
+
+def _identifier_names(graph) -> None:
+    """Rename the graph's values that are not identifiers (`0` -> `v_0`), everywhere they occur."""
+    def fixed(name: str) -> str:
+        return name if not name or name.isidentifier() else "v_" + kernel_name(name)
+
+    for value in (*graph.input, *graph.output, *graph.value_info):
+        value.name = fixed(value.name)
+    for tensor in graph.initializer:
+        tensor.name = fixed(tensor.name)
+    for node in graph.node:
+        node.input[:] = [fixed(n) for n in node.input]
+        node.output[:] = [fixed(n) for n in node.output]

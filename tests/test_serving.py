@@ -1,0 +1,143 @@
+"""Serving: kernels made in a parent work in forked children and from many threads at once."""
+
+from __future__ import annotations
+
+import multiprocessing
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import portkern
+from portkern.cache.config import CacheConfig
+from portkern.cache.store import Store
+from portkern.examples.reference import EXAMPLES
+from portkern.jit import runtime
+
+from helpers import assert_matches, opencl_device_missing
+
+#: Seconds a forked child may take for its calls before the test fails (it used to hang).
+CHILD_BOUND_S = 120
+FORK = multiprocessing.get_context("fork")
+
+#: The kernel the fork-started pool's workers call (inherited from the parent, never pickled).
+_inherited_kernel = None
+
+
+def _check_calls(kernel, seed: int, calls: int = 3) -> str:
+    """'' when `calls` calls of an example kernel match NumPy, else what went wrong."""
+    example = EXAMPLES[kernel.name]
+    rng = np.random.default_rng(seed)
+    try:
+        for _ in range(calls):
+            inputs = example.inputs(rng)
+            assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    except Exception as exc:  # reported to the parent, which fails the test
+        return f"{type(exc).__name__}: {exc}"
+    return ""
+
+
+def _pool_task(seed: int) -> str:
+    return _check_calls(_inherited_kernel, seed)
+
+
+def _child(kernel, seed: int, queue) -> None:
+    queue.put((seed, _check_calls(kernel, seed)))
+
+
+@pytest.fixture(scope="module")
+def served(examples_bundle, tmp_path_factory):
+    """The example bundle on a cache shared by this module's tests (each kernel finalised once)."""
+    return portkern.load(examples_bundle, store=Store(CacheConfig(tmp_path_factory.mktemp("serving-cache"), 1 << 30, False)))
+
+
+@pytest.mark.parametrize(("name", "called_in_parent"), [("mlp", False), ("gemm_bias_relu", True)])
+def test_kernel_from_parent_runs_in_forked_children(served, name, called_in_parent):
+    kernel = served.kernel(name)
+    if called_in_parent:  # past the inline probes, so the parent has used the task executor
+        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES + 2) == ""
+    queue = FORK.Queue()
+    children = [FORK.Process(target=_child, args=(kernel, seed, queue)) for seed in range(1, 5)]
+    for child in children:
+        child.start()
+    try:
+        reports = dict(queue.get(timeout=CHILD_BOUND_S) for _ in children)
+    finally:
+        for child in children:
+            child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
+    assert reports == {seed: "" for seed in range(1, 5)}
+    assert all(child.exitcode == 0 for child in children)
+    assert _check_calls(kernel, 9) == ""  # the parent still works
+
+
+def test_kernel_from_parent_runs_in_fork_started_pool(served):
+    global _inherited_kernel
+    _inherited_kernel = served.kernel("gemm_bias_relu")
+    assert _check_calls(_inherited_kernel, 0, calls=runtime.INLINE_PROBES + 2) == ""
+    with FORK.Pool(4) as pool:
+        reports = pool.map_async(_pool_task, range(1, 9)).get(timeout=CHILD_BOUND_S)
+    assert reports == [""] * 8
+
+
+@pytest.mark.parametrize("name", ["mlp", "gemm_bias_relu"])
+def test_concurrent_calls_from_threads_match_numpy(served, name):
+    """Calls overlap on the task executor and inline on the callers' threads; each must be right."""
+    kernel = served.kernel(name)
+    reports: list[str] = []
+    threads = [threading.Thread(target=lambda seed=seed: reports.append(_check_calls(kernel, seed, calls=6))) for seed in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=CHILD_BOUND_S)
+    assert reports == [""] * 8
+
+
+def test_small_kernel_runs_inline_and_large_one_on_task_executor(served):
+    """The mlp takes tens of microseconds (about what the task executor's hand-off costs);
+    the 256x512x384 GEMM takes milliseconds."""
+    for name, small in (("mlp", True), ("gemm_bias_relu", False)):
+        kernel = served.kernel(name)
+        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
+        measured = kernel._executable._inline_s
+        assert (measured < runtime.SMALL_CALL_S) is small, f"{name}: {measured * 1e3:.3f} ms inline"
+
+
+OPENCL_FORK = """
+import os, sys, numpy as np, portkern
+loaded = portkern.load(sys.argv[1])
+kernel = loaded.kernel("vadd", device="opencl")
+x = np.arange(1000, dtype=np.float32)
+assert np.array_equal(kernel(x, x), 2 * x)
+pid = os.fork()
+if pid == 0:
+    for attempt in (lambda: kernel(x, x), lambda: loaded.kernel("softmax_rows", device="opencl")):
+        try:
+            attempt()
+        except portkern.ForkError as exc:
+            print("child:", type(exc).__name__, "spawn" in str(exc))
+    sys.exit(0)  # a normal exit: atexit handlers run in the child
+os.waitpid(pid, 0)
+print("scratch kept:", os.path.isdir(os.environ["POCL_CACHE_DIR"]))
+after = loaded.kernel("softmax_rows", device="opencl")
+print("parent:", after.origin)
+"""
+
+
+def test_opencl_after_fork_raises_fork_error_and_parent_keeps_working(opencl_examples_bundle, tmp_path):
+    """OpenCL drivers do not survive fork: the child gets a typed error, not a hang, and its
+    exit leaves the parent's PoCL scratch directory alone (the parent's next build needs it)."""
+    if opencl_device_missing():
+        pytest.skip(opencl_device_missing())
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("POCL_")}
+    env["PORTKERN_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(OPENCL_FORK), str(opencl_examples_bundle)],
+        env=env, capture_output=True, text=True, timeout=CHILD_BOUND_S * 2,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["child: ForkError True", "child: ForkError True", "scratch kept: True", "parent: finalized"]
