@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Set up (Debian packages, a virtualenv with portkern and its pinned deps) and go.
+# Set up (Debian packages, a virtualenv with portkern and the versions in constraints.txt) and go.
 #   ./dev.sh demo [portkern demo options]   build, finalise, tune and run the examples on this CPU
 #   ./dev.sh test [pytest options]          run the test suite
 #   ./dev.sh setup                          only set up
 #   ./dev.sh portkern ARGS...               any portkern command (paths relative to where you are)
 #   ./dev.sh bench                          run every benchmark in bench/
+#   ./dev.sh compat                         smoke test on every other supported Python and
+#                                           with the lowest dependency versions (CI runs it)
 set -euo pipefail
 CALLER_DIR="$PWD"
 cd "$(dirname "$0")"
@@ -42,11 +44,65 @@ venv_setup() {
     "$PYTHON" -m venv "$VENV"
   fi
   local stamp="$VENV/.portkern-installed"
-  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    log "installing portkern and its pinned dependencies into $VENV"
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ] || [ constraints.txt -nt "$stamp" ]; then
+    log "installing portkern and the versions in constraints.txt into $VENV"
     "$VENV/bin/python" -m pip install -q --upgrade pip
-    "$VENV/bin/python" -m pip install -q -e ".[all]"
+    "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[all]"
     touch "$stamp"
+  fi
+}
+
+# The Python versions portkern supports (pyproject.toml's requires-python and classifiers).
+PYTHONS=(3.10 3.11 3.12 3.13)
+COMPAT_DIR="${PORTKERN_COMPAT_DIR:-.venvs}"
+
+# An interpreter for Python X.Y: pyenv's, else pythonX.Y on PATH; nothing if neither.
+find_python() {
+  local root candidate
+  if command -v pyenv >/dev/null; then
+    root="$(pyenv root)"
+    for candidate in "$root/versions/$1".*/bin/python "$root/versions/$1"/bin/python; do
+      [ -x "$candidate" ] && { echo "$candidate"; return; }
+    done
+  fi
+  command -v "python$1" || true
+}
+
+# smoke NAME PYTHON CONSTRAINTS: a fresh-enough virtualenv with `pip install .` (not
+# editable: what users get) under CONSTRAINTS, then tests/test_smoke.py in it.
+smoke() {
+  local venv="$COMPAT_DIR/$1"
+  log "smoke test: $1 ($("$2" --version 2>&1), $3)"
+  if [ ! -x "$venv/bin/python" ] && ! "$2" -m venv "$venv"; then
+    log "skipping $1: $2 cannot make a virtualenv (its venv module is missing)"
+    rm -rf "$venv"
+    return 0
+  fi
+  "$venv/bin/python" -m pip install -q --upgrade pip
+  "$venv/bin/python" -m pip install -q -c "$3" ".[test]"   # a local directory is always reinstalled
+  "$venv/bin/python" -m pytest -q -p no:cacheprovider tests/test_smoke.py
+}
+
+compat() {
+  local main version python lowest=""
+  main="$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+  for version in "${PYTHONS[@]}"; do
+    python="$(find_python "$version")"
+    if [ -z "$python" ]; then
+      log "skipping Python $version: no interpreter found (pyenv install $version, or put python$version on PATH)"
+      continue
+    fi
+    [ -n "$lowest" ] || lowest="$python"
+    if [ "$version" = "$main" ]; then
+      log "Python $version: the whole suite runs there (./dev.sh test)"
+    else
+      smoke "py$version" "$python" constraints.txt
+    fi
+  done
+  if [ -z "$lowest" ]; then
+    log "skipping the lowest-versions run: no supported Python found"
+  else
+    smoke lowest "$lowest" constraints-lowest.txt
   fi
 }
 
@@ -59,6 +115,7 @@ case "$cmd" in
   test)  setup; exec "$VENV/bin/python" -m pytest "$@" ;;
   setup) setup ;;
   portkern) setup; portkern="$(cd "$VENV/bin" && pwd)/portkern"; cd "$CALLER_DIR"; exec "$portkern" "$@" ;;
+  compat) setup; compat ;;
   bench) setup; for b in bench/*.py; do log "$b"; "$VENV/bin/python" "$b"; done ;;
-  *) sed -n '2,7p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -31,12 +31,18 @@ class Report:
     status: int = 0
 
 
+#: Width of output that is not a terminal (a pipe, a file, a test): wide enough that no
+#: table column folds and no line wraps inside a figure.
+UNWRAPPED_WIDTH = 1000
+
+
 def console(stderr: bool = False):
+    """A rich console; when not writing to a terminal, one that never wraps or folds."""
     from rich.console import Console
 
     out = Console(stderr=stderr, highlight=False)
     if not out.is_terminal:
-        out = Console(stderr=stderr, highlight=False, width=160)
+        out = Console(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH, soft_wrap=True)
     return out
 
 
@@ -52,7 +58,7 @@ def emit(report: Report, as_json: bool) -> int:
 def table(title: str | None, columns: list[str], rows: list[list[Any]]):
     from rich.table import Table
 
-    t = Table(title=title, title_justify="left", header_style="bold")
+    t = Table(title=title, title_justify="left", header_style="bold", min_width=len(title) if title else None)
     for name in columns:
         t.add_column(name, overflow="fold")
     for row in rows:
