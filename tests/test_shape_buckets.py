@@ -210,11 +210,11 @@ def test_damaged_bucket_records_cost_only_their_bucket(bundle_path, store, rng):
 def test_a_bucket_record_with_a_bad_config_warns_and_runs_the_default(bundle_path, store, rng):
     from portkern.jit import buckets
     from portkern.jit.loader import compiler_id, selection_problem
-    from portkern.portable.compiler import Compiler
+    from portkern.jit.workers import shared_pool
 
     loaded = portkern.load(bundle_path, store=store)
     record, target = loaded.record("gemm"), devices.resolve("cpu", store)
-    _, special = buckets.specialised_bundle(loaded.bundle, record, {"M": 8}, Compiler())
+    _, special = buckets.specialised_bundle(loaded.bundle, record, {"M": 8}, shared_pool())
     stage = special.stage()
     bad = {"label": "M<=8", "values": {"M": 8}, "code": "specialised", "config": "0=cpu:v1:nonsense", "stage": stage.blob, "size": stage.size}
     problem = buckets.index_problem(selection_problem(record, target))
