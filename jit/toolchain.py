@@ -34,10 +34,10 @@ class IreeToolchain:
         """Refuse, before any worker reads it, a stage this compiler cannot read."""
         check_stage(stage, name)
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target):
+    def executable(self, data: bytes, record: KernelRecord, target: Target, parameters=None):
         from portkern.jit.runtime import Executable
 
-        return Executable(data, record.entry, target.driver)
+        return Executable(data, record.entry, target.driver, parameters)
 
 
 class OpenclToolchain:
@@ -69,7 +69,7 @@ class OpenclToolchain:
     def check(self, stage: Stage, name: str) -> None:
         """Nothing to refuse beyond what `stage` checked."""
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target):
+    def executable(self, data: bytes, record: KernelRecord, target: Target, parameters=None):
         return self._native.Executable(data, record, target)
 
 

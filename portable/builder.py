@@ -14,6 +14,7 @@ from portkern.portable.contract_ir import build_contract
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
 from portkern.portable.lower import PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
+from portkern.portable.parameters import ParameterData
 from portkern.portable.verify import read_back
 
 #: Called before each kernel is built, with its spec, index and the kernel count.
@@ -27,19 +28,22 @@ def build(manifest: Manifest, progress: Progress | None = None) -> Bundle:
     compiler = Compiler()
     records: list[KernelRecord] = []
     blobs: dict[str, bytes] = {}
+    parameters: list[ParameterData] = []
     for index, spec in enumerate(manifest.kernels):
         if progress:
             progress(spec, index, len(manifest.kernels))
-        record, kernel_blobs = build_kernel(spec, compiler, manifest.targets)
+        record, kernel_blobs, kernel_parameters = build_kernel(spec, compiler, manifest.targets)
         records.append(record)
         blobs.update(kernel_blobs)
-    return Bundle(manifest.bundle, tuple(records), blobs)
+        parameters.extend(kernel_parameters)
+    return Bundle(manifest.bundle, tuple(records), blobs, parameter_data=tuple(parameters))
 
 
 def build_kernel(
     spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",)
-) -> tuple[KernelRecord, dict[str, bytes]]:
-    """One kernel's bundle record and the blobs it refers to.
+) -> tuple[KernelRecord, dict[str, bytes], tuple[ParameterData, ...]]:
+    """One kernel's bundle record, the blobs it refers to and its parameters (to be written;
+    the record's own `parameters` are placed when the bundle is written).
 
     `targets` are the manifest's device families: each GPU family among them
     adds a stage lowered for that family's placeholder target.
@@ -59,11 +63,11 @@ def build_kernel(
         contract = build_contract(spec, compiler, lowered.source, lowered.entry, lowered.signature)
         signature = replace(lowered.signature, contract=contract)
         record = KernelRecord(spec.name, spec.kind, lowered.entry, signature, tuple(stages), source_sha)
-        return record, blobs
+        return record, blobs, lowered.parameters
     if spec.kind in ("opencl", "spirv"):
         from portkern.portable.opencl import build_opencl
 
-        return build_opencl(spec, source_sha)
+        return (*build_opencl(spec, source_sha), ())
     raise BuildError(f"{spec.source}: kernels of kind {spec.kind!r} are not supported by this build")
 
 
@@ -78,10 +82,11 @@ def family_stage(spec: KernelSpec, lowered: Lowered, name: str, compiler: Compil
     return stage, data
 
 
-def self_check(data: bytes, output: str | Path) -> None:
-    """Read a bundle's bytes back exactly as `portkern.load` will, before they are published."""
+def self_check(data: bytes, output: str | Path, file_size: int | None = None) -> None:
+    """Read a bundle's bytes back exactly as `portkern.load` will, before they are published
+    (`data`: header and payload; `file_size`: with the parameter section, if there is one)."""
     try:
-        read_back(data)
+        read_back(data, file_size)
     except PortkernError as exc:
         raise BuildError(f"{output}: not written: the bundle as built fails the reader ({type(exc).__name__}: {exc})") from None
 
@@ -93,5 +98,5 @@ def build_file(
     bundle = build(load_manifest(manifest_path), progress)
     if finish is not None:
         bundle = finish(bundle)
-    digest = write_bundle(bundle, output, check=lambda data: self_check(data, output))
-    return Bundle(bundle.name, bundle.kernels, bundle.blobs, digest, bundle.version)
+    digest = write_bundle(bundle, output, check=lambda data, size: self_check(data, output, size))
+    return replace(bundle, digest=digest, version=bundle.written_version(), parameter_data=())

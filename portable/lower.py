@@ -13,6 +13,8 @@ from portkern.errors import BuildError, CompileError, brief
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_parameters import has_external_data, importer_flags, load_graph, parameter_data, referenced
+from portkern.portable.parameters import ParameterData
 from portkern.portable.producer import Producer, current_producer
 
 #: The phase stored as the device-independent stage.
@@ -52,12 +54,17 @@ class Lowered:
     producer: Producer
     #: The MLIR (text or bytecode) the stage was lowered from: the source, or the ONNX importer's output.
     source: bytes = b""
+    #: Named parameters the stage refers to, with readers of their bytes.
+    parameters: tuple[ParameterData, ...] = ()
 
 
 def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
     """Lower an `mlir` or `onnx` kernel to the portable (flow) stage."""
+    parameters: tuple[ParameterData, ...] = ()
     if spec.kind == "onnx":
-        text = import_onnx(spec.source)
+        model = load_graph(spec.source)
+        text = import_onnx(spec.source, large=has_external_data(model))
+        parameters = parameter_data(model, spec.source, spec.name, referenced(text))
     else:
         text = spec.source.read_bytes()
     try:
@@ -67,20 +74,24 @@ def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
     except CompileError as exc:
         raise BuildError(f"{spec.source}: {str(exc).replace(chr(34) + '-' + chr(34), spec.source.name)}") from None
     data = bytecode(lowered)
-    return Lowered(entry, signature, data, current_producer(bytecode_version(data)), text)
+    return Lowered(entry, signature, data, current_producer(bytecode_version(data)), text, parameters)
 
 
-def import_onnx(path: Path) -> bytes:
-    """MLIR text for an ONNX model, from IREE's ONNX importer (run as its own process).
+def import_onnx(path: Path, large: bool = False) -> bytes:
+    """MLIR text for an ONNX model, from IREE's ONNX importer (run as its own process), with
+    its large initializers as parameter references (`portable.onnx_parameters`).
 
     Models older than opset 17 are upgraded first; when the upgrade itself fails
-    (it does for some Pad models), the model is imported as it is.
+    (it does for some Pad models), the model is imported as it is. A model with
+    external data (`large`) is imported as it is without loading its weights.
     """
     errors = []
-    for opset in ([f"--opset-version={ONNX_OPSET}"], []):
+    attempts = ([], ) if large else ([f"--opset-version={ONNX_OPSET}"], [])
+    for opset in attempts:
         with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
             out = Path(tmp) / "model.mlir"
-            cmd = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(path), *opset, "-o", str(out)]
+            extra = ["--large-model"] if large else []
+            cmd = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(path), *opset, *extra, *importer_flags(), "-o", str(out)]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=ONNX_IMPORT_TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -26,7 +26,8 @@ class Evaluator:
     """Compiles, checks and times kernel configs of one kernel on one target."""
 
     def __init__(
-        self, pool: Pool, target: Target, name: str, source: Source, entry: str, signature: Signature, deployed: str, seed: int = 0
+        self, pool: Pool, target: Target, name: str, source: Source, entry: str, signature: Signature, deployed: str, seed: int = 0,
+        parameters=None,
     ) -> None:
         self.pool = pool
         self.target = target
@@ -34,6 +35,8 @@ class Evaluator:
         self.source = source
         self.entry = entry
         self.deployed = deployed
+        #: The kernel's parameters (candidates are compiled without them and run with them).
+        self.parameters = parameters
         self.inputs = make_inputs(signature, seed)
         self.vmfbs: dict[str, bytes] = {}
         self.results: dict[str, Evaluation] = {}
@@ -76,7 +79,7 @@ class Evaluator:
 
     def bench(self, driver: str) -> Bench:
         if driver not in self._benches:
-            self._benches[driver] = Bench(self.entry, driver, self.inputs)
+            self._benches[driver] = Bench(self.entry, driver, self.inputs, self.parameters)
         return self._benches[driver]
 
     def _executable(self, config: str, driver: str):

@@ -147,7 +147,9 @@ class _Run:
         self.found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
         code = analysed.configured
         source = Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE)
-        self.evaluator = Evaluator(tuner.pool, target, record.name, source, record.entry, record.signature, target.driver)
+        self.evaluator = Evaluator(
+            tuner.pool, target, record.name, source, record.entry, record.signature, target.driver, parameters=natives.parameters_for(record)
+        )
 
     def execute(self) -> TuneResult:
         found = self.found
