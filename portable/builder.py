@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from portkern.errors import BuildError, PortkernError
-from portkern.portable.bundle import Bundle, KernelRecord, Stage, sha256, write_bundle
+from portkern.portable.bundle import IREE_KINDS, Bundle, KernelRecord, Stage, sha256, write_bundle
 from portkern.portable.compiler import Compiler, bytecode
 from portkern.portable.contract_ir import build_contract
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
@@ -23,8 +24,9 @@ Progress = Callable[[KernelSpec, int, int], None]
 Finish = Callable[[Bundle], Bundle]
 
 
-def build(manifest: Manifest, progress: Progress | None = None) -> Bundle:
-    """Lower every kernel of a manifest and gather them in a bundle (not yet written)."""
+def build(manifest: Manifest, progress: Progress | None = None, workdir: Path | None = None) -> Bundle:
+    """Lower every kernel of a manifest and gather them in a bundle (not yet written; the
+    parameters of PyTorch programs wait in `workdir` until it is)."""
     compiler = Compiler()
     records: list[KernelRecord] = []
     blobs: dict[str, bytes] = {}
@@ -32,7 +34,7 @@ def build(manifest: Manifest, progress: Progress | None = None) -> Bundle:
     for index, spec in enumerate(manifest.kernels):
         if progress:
             progress(spec, index, len(manifest.kernels))
-        record, kernel_blobs, kernel_parameters = build_kernel(spec, compiler, manifest.targets)
+        record, kernel_blobs, kernel_parameters = build_kernel(spec, compiler, manifest.targets, workdir)
         records.append(record)
         blobs.update(kernel_blobs)
         parameters.extend(kernel_parameters)
@@ -40,7 +42,7 @@ def build(manifest: Manifest, progress: Progress | None = None) -> Bundle:
 
 
 def build_kernel(
-    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",)
+    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",), workdir: Path | None = None
 ) -> tuple[KernelRecord, dict[str, bytes], tuple[ParameterData, ...]]:
     """One kernel's bundle record, the blobs it refers to and its parameters (to be written;
     the record's own `parameters` are placed when the bundle is written).
@@ -49,8 +51,8 @@ def build_kernel(
     adds a stage lowered for that family's placeholder target.
     """
     source_sha = hashlib.sha256(spec.source.read_bytes()).hexdigest()
-    if spec.kind in ("mlir", "onnx"):
-        lowered = lower_source(spec, compiler)
+    if spec.kind in IREE_KINDS:
+        lowered = lower_source(spec, compiler, workdir)
         blob = sha256(lowered.stage_bytes)
         stages = [Stage(PORTABLE_PHASE, "any", "mlir-bytecode", blob, len(lowered.stage_bytes), lowered.producer)]
         blobs = {blob: lowered.stage_bytes}
@@ -95,8 +97,9 @@ def build_file(
     manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None
 ) -> Bundle:
     """Build the bundle a manifest describes and write it to `output`."""
-    bundle = build(load_manifest(manifest_path), progress)
-    if finish is not None:
-        bundle = finish(bundle)
-    digest = write_bundle(bundle, output, check=lambda data, size: self_check(data, output, size))
+    with tempfile.TemporaryDirectory(prefix="portkern-build-") as workdir:
+        bundle = build(load_manifest(manifest_path), progress, Path(workdir))
+        if finish is not None:
+            bundle = finish(bundle)
+        digest = write_bundle(bundle, output, check=lambda data, size: self_check(data, output, size))
     return replace(bundle, digest=digest, version=bundle.written_version(), parameter_data=())

@@ -50,6 +50,8 @@ FORMAT_MAJOR = 1
 FORMAT_MINOR = 1
 #: The first minor version with a parameter section.
 PARAMETERS_MINOR = 1
+#: Kernel kinds whose sources are lowered to MLIR stages for IREE (others: OpenCL C, SPIR-V).
+IREE_KINDS = ("mlir", "onnx", "torch")
 HEADER_SIZE = framing.HEADER_SIZE
 
 #: Reader limits. A bundle over any of them is refused with OversizeFieldError.

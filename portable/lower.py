@@ -13,14 +13,18 @@ from portkern.errors import BuildError, CompileError, brief
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.manifest import KernelSpec
-from portkern.portable.onnx_parameters import has_external_data, importer_flags, load_graph, parameter_data, referenced
-from portkern.portable.parameters import ParameterData
+from portkern.portable.onnx_parameters import has_external_data, importer_flags, load_graph, opset_of, parameter_data
+from portkern.portable.parameters import ParameterData, referenced
 from portkern.portable.producer import Producer, current_producer
+from portkern.portable.torch_import import import_torch
 
 #: The phase stored as the device-independent stage.
 PORTABLE_PHASE = "flow"
 
 ONNX_OPSET = 17
+#: ONNX files this large (at opset ONNX_OPSET or newer) are imported without the importer's
+#: in-memory checker and shape inference, which copy the whole model two or three times.
+LARGE_ONNX_BYTES = 64 << 20
 ONNX_IMPORT_TIMEOUT_S = 600
 
 _DTYPES = {
@@ -58,12 +62,18 @@ class Lowered:
     parameters: tuple[ParameterData, ...] = ()
 
 
-def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
-    """Lower an `mlir` or `onnx` kernel to the portable (flow) stage."""
+def lower_source(spec: KernelSpec, compiler: Compiler, workdir: Path | None = None) -> Lowered:
+    """Lower an `mlir`, `onnx` or `torch` kernel to the portable (flow) stage (`workdir`: where a
+    PyTorch program's weights wait, until the bundle is written)."""
     parameters: tuple[ParameterData, ...] = ()
-    if spec.kind == "onnx":
+    if spec.kind == "torch":
+        if workdir is None:
+            raise BuildError(f"{spec.source}: a PyTorch program is built through build_file (it needs a work directory)")
+        text, parameters = import_torch(spec.source, spec.name, workdir)
+    elif spec.kind == "onnx":
         model = load_graph(spec.source)
-        text = import_onnx(spec.source, large=has_external_data(model))
+        large = has_external_data(model) or (spec.source.stat().st_size >= LARGE_ONNX_BYTES and opset_of(model) >= ONNX_OPSET)
+        text = import_onnx(spec.source, large=large)
         parameters = parameter_data(model, spec.source, spec.name, referenced(text))
     else:
         text = spec.source.read_bytes()
@@ -83,7 +93,8 @@ def import_onnx(path: Path, large: bool = False) -> bytes:
 
     Models older than opset 17 are upgraded first; when the upgrade itself fails
     (it does for some Pad models), the model is imported as it is. A model with
-    external data (`large`) is imported as it is without loading its weights.
+    external data, or a large one (`large`), is imported as it is, without loading its
+    external weights and without in-memory copies of the model.
     """
     errors = []
     attempts = ([], ) if large else ([f"--opset-version={ONNX_OPSET}"], [])

@@ -10,7 +10,6 @@ external data file, piece by piece, so that the builder never holds the whole mo
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +19,6 @@ from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, bytes_pie
 #: Initializers with at least this many elements become parameters (1 KiB of float32).
 ELEMENTS_THRESHOLD = 256
 
-_REFERENCE = re.compile(r'#stream\.parameter\.named<"((?:[^"\\]|\\.)*)"::"((?:[^"\\]|\\.)*)">')
-_ESCAPE = re.compile(rb"\\(\\|\"|[0-9A-Fa-f]{2})")
 
 
 def importer_flags(threshold: int = ELEMENTS_THRESHOLD) -> list[str]:
@@ -41,26 +38,16 @@ def load_graph(path: Path) -> Any:
         raise BuildError(f"{path}: ONNX import failed: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
 
 
+def opset_of(model: Any) -> int:
+    """The model's default-domain opset version (0 when it states none)."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
 def has_external_data(model: Any) -> bool:
     """Whether any initializer keeps its bytes in an external data file."""
     from onnx.external_data_helper import uses_external_data
 
     return any(uses_external_data(t) for t in model.graph.initializer)
-
-
-def referenced(text: bytes | str) -> list[tuple[str, str]]:
-    """(scope, name) of every parameter the MLIR refers to, in order of first reference."""
-    if isinstance(text, bytes):
-        text = text.decode("utf-8", errors="replace")
-    return list(dict.fromkeys((_unescape(s), _unescape(n)) for s, n in _REFERENCE.findall(text)))
-
-
-def _unescape(text: str) -> str:
-    def one(match: re.Match) -> bytes:
-        token = match.group(1)
-        return token if token in (b"\\", b'"') else bytes([int(token, 16)])
-
-    return _ESCAPE.sub(one, text.encode()).decode("utf-8", errors="replace")
 
 
 def sanitized(name: str) -> str:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
 
@@ -154,6 +155,25 @@ def verify_chunks(f: BinaryIO, section: ParameterSection, indices: Iterable[int]
                 f"{where}parameter chunk {index} (bytes {start}..{start + length}) does not match its digest "
                 "(corrupted or modified); its parameters are not used"
             )
+
+
+_REFERENCE = re.compile(r'#(?:stream|flow)\.parameter\.named<"((?:[^"\\]|\\.)*)"::"((?:[^"\\]|\\.)*)">')
+_ESCAPE = re.compile(rb"\\(\\|\"|[0-9A-Fa-f]{2})")
+
+
+def referenced(text: bytes | str) -> list[tuple[str, str]]:
+    """(scope, name) of every parameter that MLIR text refers to, in order of first reference."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    return list(dict.fromkeys((_unescape(s), _unescape(n)) for s, n in _REFERENCE.findall(text)))
+
+
+def _unescape(text: str) -> str:
+    def one(match: re.Match) -> bytes:
+        token = match.group(1)
+        return token if token in (b"\\", b'"') else bytes([int(token, 16)])
+
+    return _ESCAPE.sub(one, text.encode()).decode("utf-8", errors="replace")
 
 
 # --- writing --------------------------------------------------------------------

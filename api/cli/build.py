@@ -106,7 +106,7 @@ def serves(device: dict) -> str:
 
 def describe(path: Path) -> Report:
     """A bundle's kernels, stages, native slices, producers, digest and signature."""
-    from portkern.portable.bundle import decode_file, read_bundle_head
+    from portkern.portable.bundle import IREE_KINDS, decode_file, read_bundle_head
     from portkern.signing import from_env, verify_file
 
     raw, size = read_bundle_head(path)
@@ -126,7 +126,7 @@ def describe(path: Path) -> Report:
                 "entry": k.entry,
                 "signature": k.signature.to_dict(),
                 "signature_text": str(k.signature),
-                "contract_text": k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch description",
+                "contract_text": k.signature.contract_text if k.kind in IREE_KINDS else "launch description",
                 "stages": [s.to_dict() for s in k.stages],
                 "native": [{**n.to_dict(), "serves": serves(n.device)} for n in k.native],
                 "launch": dict(k.launch),
@@ -148,7 +148,7 @@ def describe(path: Path) -> Report:
                 f"{s.family}/{s.phase}{' (placeholder)' if s.placeholder else ''} {human_size(s.size)}" for s in k.stages
             )
             native = ", ".join(f"{n.target} {human_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
-            contract = k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch (below)"
+            contract = k.signature.contract_text if k.kind in IREE_KINDS else "launch (below)"
             weights = f"{len(k.parameters)}, {human_size(sum(p.size for p in k.parameters))}" if k.parameters else "-"
             rows.append([k.name, k.kind, k.entry, str(k.signature), contract, stages, native, weights])
         out.print(table(None, ["kernel", "kind", "entry", "signature", "shape contract", "stages", "prebuilt", "parameters"], rows))
