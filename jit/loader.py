@@ -154,8 +154,9 @@ class LoadedBundle(NativeCode):
     ) -> dict[str, Native | PortkernError]:
         """Warm up: native code for the bundle's kernels (default: all) on a device, the cold
         ones finalised concurrently on up to `workers` worker processes (default: one per
-        core). Baseline code is never taken here: warming up builds the exact code. The device need not be on this machine (code is built for it ahead of time).
-        A kernel that fails holds its typed error; the others are still prepared.
+        core); never baseline code: warming up builds the exact code. The device need not be
+        on this machine (code is built for it ahead of time). A kernel that fails holds its
+        typed error; the others are still prepared.
         `tune` as for `kernel` (kernels are tuned one after another first)."""
         target = devices.resolve(device, self.store)
         records = [self.record(name) for name in (kernels if kernels is not None else self.names())]
@@ -253,10 +254,6 @@ class Kernel:
     def executable(self):
         """The loaded code calls run now."""
         return self._code[1]
-
-    @native.setter
-    def native(self, native: Native) -> None:
-        self._code = (native, self._code[1])
 
     @property
     def name(self) -> str:
