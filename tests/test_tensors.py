@@ -40,7 +40,7 @@ def test_inputs_are_not_copied_and_outputs_share_portkern_result_memory(kernel, 
     tensors = [torch.from_numpy(a) for a in example_inputs(1)]
     viewed = check_arguments(NAME, kernel.signature, tensors)
     assert [v.ctypes.data for v in viewed] == [t.data_ptr() for t in tensors]  # the same memory, not a copy
-    executable = kernel._executable
+    native, executable = kernel._code
     seen: list[np.ndarray] = []
 
     def spy(*arrays):
@@ -49,7 +49,7 @@ def test_inputs_are_not_copied_and_outputs_share_portkern_result_memory(kernel, 
         seen.extend(results)
         return results
 
-    monkeypatch.setattr(kernel, "_executable", spy)
+    monkeypatch.setattr(kernel, "_code", (native, spy))
     out = kernel(*tensors)
     assert out.data_ptr() == seen[0].ctypes.data  # the tensor is portkern's result array, not a copy
 
