@@ -84,3 +84,19 @@ def test_the_device_needs_no_torch(program, tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
     assert done.returncode == 0, done.stderr[-2000:]
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_a_transformer_layer_tunes_every_dispatch_or_says_why_not(tmp_path, store):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 2, dim_feedforward=64, batch_first=True).eval()
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        torch.export.save(torch.export.export(layer, (x,)), str(tmp_path / "layer.pt2"))
+        expected = layer(x)
+    (tmp_path / "manifest.yaml").write_text("bundle: layer\nkernels:\n  - name: layer\n    source: layer.pt2\n")
+    build_file(tmp_path / "manifest.yaml", tmp_path / "layer.pkb")
+    kernel = portkern.load(tmp_path / "layer.pkb", store=store).kernel("layer", tune="quick")
+    dispatches = kernel.tuning.dispatches
+    assert any("attention" in d.name for d in dispatches)
+    assert all(d.source in ("search", "db") or d.note for d in dispatches)  # searched, or a stated reason
+    np.testing.assert_allclose(kernel(x).numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)
