@@ -18,7 +18,7 @@ from typing import ClassVar
 
 from portkern.errors import PerfConfigError
 from portkern.tuner.gpu_config import GpuConfig
-from portkern.tuner.perfconfig import expect_fields, format_tiles, parse_int, parse_tiles, parse_token
+from portkern.tuner.perfconfig import expect_fields, parse_int
 
 MAX_WAVES_PER_EU = 10
 
@@ -40,24 +40,16 @@ class AmdGpuConfig(GpuConfig):
             raise PerfConfigError(f"waves_per_eu {self.waves_per_eu!r} is not in [0, {MAX_WAVES_PER_EU}]")
 
     def fields(self) -> list[str]:
-        return [
-            format_tiles(self.workgroup), format_tiles(self.subgroup), format_tiles(self.thread), format_tiles(self.reduction),
-            self.mma, format_tiles(self.workgroup_size), str(self.subgroup_size), str(self.prefetch_stages), str(self.waves_per_eu),
-        ]
+        return [*self.shared_fields(), str(self.subgroup_size), str(self.prefetch_stages), str(self.waves_per_eu)]
 
     @classmethod
     def from_fields(cls, fields: list[str]) -> "AmdGpuConfig":
         expect_fields("amdgpu", fields, 9)
         return cls(
-            parse_tiles(fields[0], "workgroup"),
-            parse_tiles(fields[1], "subgroup"),
-            parse_tiles(fields[2], "thread"),
-            parse_tiles(fields[3], "reduction"),
-            parse_token(fields[4], "mma"),
-            parse_tiles(fields[5], "workgroup_size"),  # type: ignore[arg-type]
-            parse_int(fields[6], "subgroup_size"),
-            parse_int(fields[7], "prefetch_stages"),
-            parse_int(fields[8], "waves_per_eu"),
+            **cls.parse_shared(fields),
+            subgroup_size=parse_int(fields[6], "subgroup_size"),
+            prefetch_stages=parse_int(fields[7], "prefetch_stages"),
+            waves_per_eu=parse_int(fields[8], "waves_per_eu"),
         )
 
     def function_attributes(self) -> dict[str, str]:

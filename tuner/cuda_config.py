@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from portkern.tuner.gpu_config import GpuConfig
-from portkern.tuner.perfconfig import expect_fields, format_tiles, parse_int, parse_tiles, parse_token
+from portkern.tuner.perfconfig import expect_fields, parse_int
 
 WARP_SIZE = 32
 
@@ -29,24 +29,12 @@ class CudaConfig(GpuConfig):
     subgroup_sizes: ClassVar[tuple[int, ...]] = (WARP_SIZE,)
 
     def fields(self) -> list[str]:
-        return [
-            format_tiles(self.workgroup), format_tiles(self.subgroup), format_tiles(self.thread), format_tiles(self.reduction),
-            self.mma, format_tiles(self.workgroup_size), str(self.prefetch_stages),
-        ]
+        return [*self.shared_fields(), str(self.prefetch_stages)]
 
     @classmethod
     def from_fields(cls, fields: list[str]) -> "CudaConfig":
         expect_fields("cuda", fields, 7)
-        return cls(
-            parse_tiles(fields[0], "workgroup"),
-            parse_tiles(fields[1], "subgroup"),
-            parse_tiles(fields[2], "thread"),
-            parse_tiles(fields[3], "reduction"),
-            parse_token(fields[4], "mma"),
-            parse_tiles(fields[5], "workgroup_size"),  # type: ignore[arg-type]
-            WARP_SIZE,
-            parse_int(fields[6], "prefetch_stages"),
-        )
+        return cls(**cls.parse_shared(fields), subgroup_size=WARP_SIZE, prefetch_stages=parse_int(fields[6], "prefetch_stages"))
 
     @classmethod
     def from_attributes(cls, lowering_config: str, translation_info: str) -> "CudaConfig":

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from portkern.errors import PerfConfigError
-from portkern.tuner.perfconfig import VersionedConfig, attribute_lists, check_tiles, format_tiles, list_text, parse_token
+from portkern.tuner.perfconfig import VersionedConfig, attribute_lists, check_tiles, format_tiles, list_text, parse_tiles, parse_token
 
 ATTRIBUTE = "#iree_gpu.lowering_config"
 TRANSLATION = "#iree_codegen.translation_info"
@@ -79,6 +79,16 @@ class GpuConfig(VersionedConfig):
             raise PerfConfigError(f"prefetch_stages {self.prefetch_stages!r} is not in [0, {MAX_PREFETCH_STAGES}]")
         if self.mma != "none" and any(self.thread):
             raise PerfConfigError(f"{self.mma}: an MMA config has subgroup tiles, not thread tiles")
+
+    def shared_fields(self) -> list[str]:
+        """The string fields every GPU family starts with: tiles, intrinsic, workgroup size."""
+        return [*(format_tiles(getattr(self, name)) for name in self.tile_fields), self.mma, format_tiles(self.workgroup_size)]
+
+    @classmethod
+    def parse_shared(cls, fields: list[str]) -> dict:
+        """`shared_fields`' values from their strings (the first six fields)."""
+        tiles = {name: parse_tiles(text, name) for name, text in zip(cls.tile_fields, fields)}
+        return {**tiles, "mma": parse_token(fields[4], "mma"), "workgroup_size": parse_tiles(fields[5], "workgroup_size")}
 
     @property
     def threads(self) -> int:
