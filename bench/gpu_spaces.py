@@ -9,7 +9,7 @@ each code object checked for the target (ELF machine and arch for AMD, PTX
 target for NVIDIA). Per dispatch it prints candidates, valid code objects
 (distinct: not byte-identical to an earlier candidate's), failures and
 their reasons, and exits 1 if any code object failed its check or a
-contraction's space has fewer than 16 distinct valid candidates. Outcomes,
+GEMM kernel's space has fewer than 16 distinct valid candidates. Outcomes,
 not timings: a busy machine changes only how long it takes.
 """
 
@@ -33,6 +33,9 @@ from portkern.portable.builder import build_file
 from portkern.tuner.compile_only import compile_space
 
 GOAL = 16
+#: The kernels whose contractions must have `GOAL` distinct valid candidates (the MLP's layers are
+#: 32x128x64 and 32x16x128: too small for that many distinct tilings; reported, not required).
+GOAL_KERNELS = ("gemm_bias_relu", "gemm_glu", "gemm_rowsum", "gemm_transpose_add", "gemm_relu_768")
 
 
 def bundles(where: Path) -> list[Path]:
@@ -67,11 +70,11 @@ def main() -> int:
                         distinct = r.compiled - r.duplicates
                         row = {"target": target.label, "kernel": name, **r.to_dict(), "distinct": distinct, "invalid": invalid,
                                "reasons": dict(r.reasons()), "kernel_wall_s": time.perf_counter() - started}
-                        row.pop("failures")
+                        row["failed_configs"] = [f"{f['config']}: {f['reason']}" for f in row.pop("failures")]
                         rows.append(row)
                         if invalid:
                             problems.append(f"{target.label} {name} dispatch {r.index}: {invalid} invalid code objects")
-                        if r.candidates > 1 and args.budget is None and distinct - 1 < GOAL and "contraction" not in r.note:
+                        if name in GOAL_KERNELS and r.candidates > 1 and args.budget is None and distinct - 1 < GOAL:
                             problems.append(f"{target.label} {name} dispatch {r.index}: {distinct - 1} distinct valid candidates (< {GOAL})")
     if args.json:
         print(json.dumps({"rows": rows, "problems": problems}, indent=2))
@@ -83,6 +86,9 @@ def main() -> int:
                   f"{r['failed']:>5} {r['invalid']:>5} {r['wall_s']:>7.1f}  {why[:140]}")
         print(f"invalid code objects served: 0 (every failing one is counted as failed); "
               f"invalid found: {sum(r['invalid'] for r in rows)}")
+        for r in rows:
+            for failure in r["failed_configs"]:
+                print(f"failed: {r['target']} {r['kernel']} dispatch {r['index']}: {failure}")
         for p in problems:
             print(f"PROBLEM: {p}")
     return 1 if problems else 0

@@ -86,6 +86,7 @@ def test_space_follows_the_dispatch_and_the_targets_limits(analysed, bundle, ker
         ("gfx942", dict(workgroup=(256, 128, 0), subgroup=(4, 2, 0), workgroup_size=(1024, 1, 1)), "G3"),
         ("gfx942", dict(reduction=(0, 0, 160)), "G5"),
         ("gfx942", dict(subgroup=(1, 1, 0), workgroup=(32, 32, 0), workgroup_size=(256, 1, 1)), "G4"),
+        ("gfx942", dict(workgroup=(256, 64, 0), subgroup=(8, 1, 0), reduction=(0, 0, 1), workgroup_size=(512, 1, 1), prefetch_stages=3), "G7"),
         ("cuda:sm_90", dict(workgroup_size=(256, 1, 1)), "G6"),
         ("cuda:sm_90", dict(thread=(8, 16, 0), workgroup=(256, 128, 1), workgroup_size=(32, 8, 1)), "G4"),
         ("cuda:sm_90", dict(reduction=(0, 0, 33)), "G1"),

@@ -19,8 +19,8 @@ SIMT) and every loop the default does not tile at the searched levels. Rules
   prefetch depth does not count).
 - G6: SIMT workgroup sizes are `[subgroup size, threads / subgroup size, 1]`, as IREE's own
   (a choice; SIMT roots keep the default's prefetch depth, which changes nothing in their code).
-- G7: MMA prefetch depth 3 only with reduction tiles of 2 or more steps (measured:
-  512 threads, 1 step, depth 3 crashed the compiler).
+- G7: MMA prefetch depth 3 only with at most 256 threads (measured: two 512-thread
+  depth-3 configs crashed the compiler on gfx942; crashes are contained by the pool).
 
 The compiler's default is candidate 0 and never among the candidates.
 """
@@ -48,6 +48,8 @@ SIMT_THREADS = (64, 128, 256, 512)
 SIMT_REDUCTION_TILES = (8, 16, 32, 64)
 SIMT_ACCUMULATORS = (4, 64)
 PREFETCH_STAGES = (0, 2, 3)
+#: Most threads of an MMA workgroup with a prefetch depth above 2 (G7).
+MAX_DEEP_PREFETCH_THREADS = 256
 MAX_SUBGROUPS = 8
 #: Most candidates `joint` returns (the best by the cost model).
 MAX_JOINT = 128
@@ -139,8 +141,6 @@ class GpuSpace:
             for sm, sn, wm, wn, r, prefetch in itertools.product(
                 MMA_SUBGROUP_TILES, MMA_SUBGROUP_TILES, MMA_SUBGROUPS, MMA_SUBGROUPS, MMA_REDUCTION_TILES, PREFETCH_STAGES
             ):
-                if prefetch > 2 and r < 2:
-                    continue  # G7
                 wgm, wgn = wm * sm * im, wn * sn * in_
                 if sizes[m] % wgm or sizes[n] % wgn:
                     continue
@@ -201,6 +201,8 @@ class GpuSpace:
             memory = self.shared_memory(config)
             if memory > limits.max_workgroup_memory:
                 return f"G5: {memory} bytes of shared memory, {limits.arch} has {limits.max_workgroup_memory}"
+            if config.prefetch_stages > 2 and config.threads > MAX_DEEP_PREFETCH_THREADS:
+                return f"G7: prefetch depth {config.prefetch_stages} with more than {MAX_DEEP_PREFETCH_THREADS} threads"
         else:
             if config.threads not in SIMT_THREADS or config.threads % d.subgroup_size:
                 return f"G3: {config.threads} threads, SIMT workgroups have one of {SIMT_THREADS}"
