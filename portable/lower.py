@@ -12,7 +12,9 @@ from pathlib import Path
 from portkern.errors import BuildError, CompileError, brief
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
+from portkern.portable.dtypes import BY_ELEMENT
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_model import failing_operator
 from portkern.portable.producer import Producer, current_producer
 
 #: The phase stored as the device-independent stage.
@@ -21,24 +23,6 @@ PORTABLE_PHASE = "flow"
 ONNX_OPSET = 17
 ONNX_IMPORT_TIMEOUT_S = 600
 
-_DTYPES = {
-    "f16": "float16",
-    "f32": "float32",
-    "f64": "float64",
-    "i1": "bool",
-    "i8": "int8",
-    "i16": "int16",
-    "i32": "int32",
-    "i64": "int64",
-    "si8": "int8",
-    "si16": "int16",
-    "si32": "int32",
-    "si64": "int64",
-    "ui8": "uint8",
-    "ui16": "uint16",
-    "ui32": "uint32",
-    "ui64": "uint64",
-}
 _TORCH_TENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(\w+)>$")
 
 
@@ -64,8 +48,12 @@ def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
         module = compiler.parse(text, name=spec.name)
         entry, signature = find_entry(module, spec)
         lowered = compiler.lower(module, from_phase="start", to_phase=PORTABLE_PHASE, name=spec.name)
+    except BuildError:
+        raise
     except CompileError as exc:
-        raise BuildError(f"{spec.source}: {str(exc).replace(chr(34) + '-' + chr(34), spec.source.name)}") from None
+        message = str(exc).replace(chr(34) + '-' + chr(34), spec.source.name)
+        op = failing_operator(text, message) if spec.kind == "onnx" else None
+        raise BuildError(f"{spec.source}: {f'IREE cannot compile ONNX operator {op}: ' if op else ''}{message}") from None
     data = bytecode(lowered)
     return Lowered(entry, signature, data, current_producer(bytecode_version(data)), text)
 
@@ -147,7 +135,7 @@ def _tensor(mlir_type, what: str, spec: KernelSpec) -> TensorSpec:
 
 def _dtype(element: str, what: str, spec: KernelSpec) -> str:
     try:
-        return _DTYPES[element]
+        return BY_ELEMENT[element]
     except KeyError:
         raise BuildError(
             f"{spec.source}: {what} of {spec.name!r} has element type {element}, which has no NumPy dtype"
