@@ -22,8 +22,8 @@ from portkern.portable.builder import build_file
 from portkern.portable.onnx_model import as_kernel, graph_inputs, kernel_name
 from portkern.cache.store import Store
 
-#: ONNX device strings -> portkern device specs.
-DEVICES = {DeviceType.CPU: "cpu"}
+#: ONNX device types -> portkern device specs.
+DEVICES = {"CPU": "cpu"}
 
 
 class PortkernRep(BackendRep):
@@ -101,9 +101,10 @@ def device_spec(device: str) -> str:
         kind = Device(device).type
     except Exception:  # onnx raises a bare Exception naming the string
         raise DeviceError(f"{device!r} is not an ONNX device (e.g. 'CPU')") from None
-    if kind not in DEVICES:
-        raise DeviceError(f"the portkern ONNX backend runs on {', '.join(d.name for d in DEVICES)}, not {device!r}")
-    return DEVICES[kind]
+    for name, spec in DEVICES.items():
+        if kind == getattr(DeviceType, name):
+            return spec
+    raise DeviceError(f"the portkern ONNX backend runs on {', '.join(DEVICES)}, not {device!r}")
 
 
 def node_model(node: onnx.NodeProto, inputs: Sequence[np.ndarray], opset: int | None = None) -> onnx.ModelProto:

@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -118,10 +119,13 @@ class Worker:
 
 
 def run_all(suite: str, names: Sequence[str], jobs: int, timeout: float, cache: Path) -> list[dict]:
-    """Every named case through both sides on `jobs` workers."""
+    """Every named case through both sides on `jobs` workers, in a seeded random order (so that an
+    interrupted run, Ctrl-C or SIGTERM, reports a random sample of the cases)."""
+    import random
     import selectors
 
-    pending, rows = list(reversed(names)), []
+    pending, rows = list(names), []
+    random.Random(0).shuffle(pending)
     selector = selectors.DefaultSelector()
     workers: list[Worker] = []
 
@@ -142,8 +146,19 @@ def run_all(suite: str, names: Sequence[str], jobs: int, timeout: float, cache: 
         workers.remove(w)
         w.stop()
 
-    for _ in range(min(jobs, len(names))):
-        start()
+    try:
+        for _ in range(min(jobs, len(names))):
+            start()
+        serve(workers, selector, rows, len(names), timeout, start, feed, retire)
+    except KeyboardInterrupt:
+        print(f"interrupted: {len(rows)} of {len(names)} cases done", file=sys.stderr)
+    for w in list(workers):
+        retire(w)
+    return sorted(rows, key=lambda r: r["name"])
+
+
+def serve(workers, selector, rows, total, timeout, start, feed, retire) -> None:
+    """Hand out cases until every worker is idle."""
     while any(w.name for w in workers):
         for key, _ in selector.select(timeout=5):
             w: Worker = key.data
@@ -154,16 +169,13 @@ def run_all(suite: str, names: Sequence[str], jobs: int, timeout: float, cache: 
                 start()
                 continue
             rows.append(json.loads(line))
-            report_progress(rows, len(names))
+            report_progress(rows, total)
             feed(w)
         for w in list(workers):
             if w.name and time.monotonic() - w.started > timeout:
                 rows.append(lost(w.name, f"over {timeout:.0f} s", conf.TIMEOUT))
                 retire(w)
                 start()
-    for w in list(workers):
-        retire(w)
-    return sorted(rows, key=lambda r: r["name"])
 
 
 def lost(name: str, why: str, kind: str = conf.UNTYPED) -> dict:
@@ -221,12 +233,14 @@ def main() -> int:
     if args.cases:
         cases = conf.representative(cases, args.cases, args.seed)
     names = [c.name for c in cases]
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     print(f"{len(names)} {args.models} cases on {args.jobs} worker(s) ...", file=sys.stderr, flush=True)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="onnx-conformance-cache-") as cache:
         rows = run_all(args.models, names, args.jobs, args.timeout, Path(cache))
     took = time.perf_counter() - start
-    print_report(rows, f"ONNX {args.models} cases ({took:.0f} s, {args.jobs} job(s))")
+    done = "" if len(rows) == len(names) else f", INTERRUPTED after {len(rows)} of {len(names)}"
+    print_report(rows, f"ONNX {args.models} cases ({took:.0f} s, {args.jobs} job(s){done})")
     if args.json:
         args.json.write_text(json.dumps({"suite": args.models, "seconds": took, **summary(rows), "rows": rows}, indent=1))
     return 1 if any(r["portkern"]["kind"] in (conf.WRONG, conf.UNTYPED) for r in rows) else 0

@@ -20,6 +20,10 @@ from portkern.portable.producer import Producer, current_producer
 #: The phase stored as the device-independent stage.
 PORTABLE_PHASE = "flow"
 
+#: Flags of the compiler session that lowers sources: f64 stays f64 (by default IREE demotes it
+#: to f32 and changes the entry function's signature under the caller).
+BUILD_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
+
 ONNX_OPSET = 17
 ONNX_IMPORT_TIMEOUT_S = 600
 
