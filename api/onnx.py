@@ -8,7 +8,12 @@ finalised for the device (cached, tuned on request) and run, exactly as `portker
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -16,12 +21,16 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from portkern.errors import ArgumentTypeError, BuildError, DeviceError
+from portkern import errors
+from portkern.errors import ArgumentTypeError, BuildError, DeviceError, DispatchTuningError, PortkernError, brief
 from portkern.jit.loader import Kernel, load
-from portkern.portable.builder import build_file
-from portkern.portable.onnx_model import as_kernel, graph_inputs, kernel_name
+from portkern.portable.onnx_model import as_kernel, graph_inputs, kernel_name, operators
 from portkern.cache.store import Store
 
+#: How the command line reports a warning.
+WARNING = "portkern: warning: "
+#: How long building one model may take.
+BUILD_TIMEOUT_S = 1800
 #: ONNX device types -> portkern device specs.
 DEVICES = {"CPU": "cpu"}
 
@@ -66,10 +75,8 @@ class PortkernBackend(Backend):
             where = Path(tmp)
             (where / "model.onnx").write_bytes(as_kernel(model, name).SerializeToString())
             (where / "manifest.yaml").write_text(f"bundle: {name}\nkernels:\n  - name: {name}\n    source: model.onnx\n")
-            try:
-                build_file(where / "manifest.yaml", where / "model.pkb")
-            except BuildError as exc:
-                raise BuildError(str(exc).replace(str(where / "model.onnx"), f"ONNX model {name!r}")) from None
+            what = f"ONNX model {name!r} ({', '.join(operators(model)) or 'no operators'})"
+            build_isolated(where / "manifest.yaml", where / "model.pkb", what, str(where / "model.onnx"))
             store: Store | None = kwargs.get("store")
             kernel = load(where / "model.pkb", store=store).kernel(name, device=spec, tune=kwargs.get("tune"))
         return PortkernRep(kernel, [i.name for i in graph_inputs(model)], [o.name for o in model.graph.output])
@@ -93,6 +100,33 @@ class PortkernBackend(Backend):
         except DeviceError:
             return False
         return True
+
+
+def build_isolated(manifest: Path, output: Path, what: str, source: str) -> None:
+    """`portkern build` in a child process: the IREE compiler lowers the model there, so that a
+    compiler crash is a BuildError, not the end of the caller's process."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "portkern", "build", str(manifest), "-o", str(output), "--json"],
+            capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
+        )
+    except subprocess.TimeoutExpired:
+        raise BuildError(f"{what}: building it took longer than {BUILD_TIMEOUT_S} s") from None
+    for line in done.stderr.splitlines():
+        if line.startswith(WARNING):
+            warnings.warn(line.removeprefix(WARNING).replace(source, what), stacklevel=3)
+    if done.returncode == 0:
+        return
+    if done.returncode < 0:
+        raise BuildError(f"{what}: the IREE compiler crashed ({signal.Signals(-done.returncode).name}) building it")
+    try:
+        report = json.loads(done.stdout.strip().splitlines()[-1])
+        kind, message = getattr(errors, report["error"]), report["message"]
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
+        kind, message = BuildError, brief(done.stderr, last=True) or f"exit status {done.returncode}"
+    if not (isinstance(kind, type) and issubclass(kind, PortkernError)) or kind is DispatchTuningError:
+        kind = BuildError
+    raise kind(message.replace(source, what))
 
 
 def device_spec(device: str) -> str:

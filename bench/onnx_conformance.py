@@ -183,6 +183,9 @@ def lost(name: str, why: str, kind: str = conf.UNTYPED) -> dict:
 
 
 def report_progress(rows: list[dict], total: int) -> None:
+    last = rows[-1]
+    if last["portkern"]["kind"] in (conf.WRONG, conf.UNTYPED, conf.TIMEOUT):
+        print(f"  {last['name']}: portkern {last['portkern']['kind']}: {last['portkern']['detail'][:300]}", file=sys.stderr, flush=True)
     if len(rows) % 25 == 0 or len(rows) == total:
         tally = Counter(r["portkern"]["kind"] for r in rows)
         print(f"  {len(rows)}/{total} cases ({', '.join(f'{k}: {v}' for k, v in tally.most_common())})", file=sys.stderr, flush=True)
@@ -213,6 +216,26 @@ def print_report(rows: list[dict], title: str) -> None:
             print(f"  {r['name']}: {r['portkern']['kind']}: {r['portkern']['detail']}")
 
 
+def write_expected(rows: list[dict], path: Path) -> None:
+    """The cases portkern fails with a typed error, each with its cause, as YAML (merged into `path`)."""
+    import yaml
+
+    old = yaml.safe_load(path.read_text()) if path.exists() else {}
+    for r in rows:
+        outcome = conf.Outcome(r["portkern"]["kind"], r["portkern"]["detail"])
+        if outcome.kind in (conf.REFUSED, conf.FINALIZE, conf.RUN):
+            old[r["name"]] = {"cause": conf.cause_of(outcome), "reason": re.sub(r"/tmp/\S+", "", outcome.detail)[:160]}
+        else:
+            old.pop(r["name"], None)
+    header = (
+        "# ONNX node cases portkern refuses or fails with a typed error (never a wrong result), each with its\n"
+        "# cause (IREE import, IREE compile, portkern) and the start of the message. Written by\n"
+        "# `python bench/onnx_conformance.py --write-expected tests/onnx_expected_failures.yaml`;\n"
+        "# tests/test_onnx_conformance.py holds a representative subset to it.\n"
+    )
+    path.write_text(header + yaml.safe_dump(dict(sorted(old.items())), width=200, sort_keys=True))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="node", choices=("node", "pytorch-converted"))
@@ -222,6 +245,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=1, help="worker processes running cases in parallel")
     parser.add_argument("--timeout", type=float, default=600, help="seconds one case may take on both sides")
     parser.add_argument("--json", type=Path, help="write every case's outcomes here")
+    parser.add_argument("--write-expected", type=Path, metavar="YAML", help="write portkern's typed failures as an expected-failures list")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -241,6 +265,8 @@ def main() -> int:
     took = time.perf_counter() - start
     done = "" if len(rows) == len(names) else f", INTERRUPTED after {len(rows)} of {len(names)}"
     print_report(rows, f"ONNX {args.models} cases ({took:.0f} s, {args.jobs} job(s){done})")
+    if args.write_expected:
+        write_expected(rows, args.write_expected)
     if args.json:
         args.json.write_text(json.dumps({"suite": args.models, "seconds": took, **summary(rows), "rows": rows}, indent=1))
     return 1 if any(r["portkern"]["kind"] in (conf.WRONG, conf.UNTYPED) for r in rows) else 0

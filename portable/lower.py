@@ -14,6 +14,7 @@ from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.dtypes import BY_ELEMENT
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_limits import check_model
 from portkern.portable.onnx_model import failing_operator
 from portkern.portable.producer import Producer, current_producer
 
@@ -45,6 +46,7 @@ class Lowered:
 def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
     """Lower an `mlir` or `onnx` kernel to the portable (flow) stage."""
     if spec.kind == "onnx":
+        check_model(spec.source.read_bytes(), str(spec.source))
         text = import_onnx(spec.source)
     else:
         text = spec.source.read_bytes()

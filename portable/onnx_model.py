@@ -30,14 +30,41 @@ def identifier(name: str) -> str:
 
 
 def as_kernel(model, name: str):
-    """A copy of an `onnx.ModelProto` with its graph named `name` and every value named by `identifier`."""
+    """A copy of an `onnx.ModelProto` with its graph named `name`, every value named by `identifier`,
+    and legacy per-channel PRelu slopes made explicit (`channel_slopes`)."""
     import onnx
 
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
     proto.graph.name = name
     _rename(proto.graph)
+    channel_slopes(proto)
     return proto
+
+
+def channel_slopes(model) -> None:
+    """Before opset 7, a PRelu slope of shape [C] applies per channel (axis 1) of an input of any rank;
+    from opset 7 it broadcasts from the last axis, which is what IREE's importer does after upgrading.
+    Such a slope initializer is reshaped to [C, 1, ...] in place, which means the same in both."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if opset >= 7:
+        return
+    graph = model.graph
+    shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim] for v in graph.input}
+    initializers = {t.name: t for t in graph.initializer}
+    for node in graph.node:
+        if node.op_type != "PRelu" or len(node.input) != 2 or node.input[1] not in initializers:
+            continue
+        x, slope = shapes.get(node.input[0]), initializers[node.input[1]]
+        if x is None or len(x) <= 2 or len(slope.dims) != 1 or slope.dims[0] in (1, None) or slope.dims[0] != x[1]:
+            continue
+        dims = [slope.dims[0]] + [1] * (len(x) - 2)
+        slope.dims[:] = dims
+        for value in graph.input:
+            if value.name == slope.name:
+                del value.type.tensor_type.shape.dim[:]
+                for d in dims:
+                    value.type.tensor_type.shape.dim.add().dim_value = d
 
 
 def graph_inputs(model) -> list[GraphInput]:

@@ -17,7 +17,7 @@ from onnx import TensorProto, helper  # noqa: E402
 import portkern.onnx as backend  # noqa: E402
 from portkern.cache.config import CacheConfig  # noqa: E402
 from portkern.cache.store import Store  # noqa: E402
-from portkern.errors import ArgumentTypeError, BuildError, DeviceError  # noqa: E402
+from portkern.errors import ArgumentShapeError, ArgumentTypeError, BuildError, DeviceError  # noqa: E402
 
 #: Node cases run by `onnx.backend.test.BackendTest`, as any backend's test module runs them.
 BACKEND_TEST_CASES = ("test_abs", "test_add_bcast", "test_matmul_2d", "test_softmax_axis_1", "test_split_equal_parts_1d_opset18")
@@ -99,7 +99,7 @@ def test_same_model_again_is_a_cache_hit(tmp_path):
 
 def test_refused_at_build_naming_the_operator():
     m = model([helper.make_node("Swish", ["x"], ["y"])], [tensor("x", TensorProto.FLOAT, [3])], [tensor("y", TensorProto.FLOAT, [3])], opset=24)
-    with pytest.raises(BuildError, match="ONNX model 'g': IREE cannot compile ONNX operator Swish"):
+    with pytest.raises(BuildError, match=r"ONNX model 'g' \(Swish\): IREE cannot compile ONNX operator Swish"):
         backend.prepare(m)
 
 
@@ -109,3 +109,48 @@ def test_supports_device():
     assert not backend.supports_device("TPU:0")
     with pytest.raises(DeviceError, match="runs on CPU"):
         backend.prepare(model([], [], []), "CUDA")
+
+
+def test_dynamic_dimensions_bound_at_call_time():
+    """A named dimension (dim_param) and an unnamed one (null) take their sizes from each call;
+    arguments sharing the name must agree, and a zero-size call works."""
+    m = model(
+        [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("ReduceSum", ["z"], ["r"], keepdims=0)],
+        [tensor("x", TensorProto.FLOAT, ["n", 3]), tensor("y", TensorProto.FLOAT, ["n", 3]), tensor("z", TensorProto.INT32, [None])],
+        [tensor("s", TensorProto.FLOAT, ["n", 3]), tensor("r", TensorProto.INT32, [])],
+        opset=13,
+    )
+    rep = backend.prepare(m)
+    for n, k in ((1, 4), (5, 0), (0, 7)):
+        x = np.random.default_rng(n).standard_normal((n, 3)).astype(np.float32)
+        z = np.arange(k, dtype=np.int32)
+        s, r = rep.run([x, 2 * x, z])
+        assert s.shape == (n, 3) and r.shape == () and r.dtype == np.int32
+        np.testing.assert_allclose(s, 3 * x, rtol=1e-6)
+        assert int(r) == int(z.sum())
+    with pytest.raises(ArgumentShapeError, match="disagree"):
+        rep.run([np.zeros((2, 3), np.float32), np.zeros((4, 3), np.float32), np.zeros(1, np.int32)])
+
+
+def test_bool_float16_and_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    m = model(
+        [helper.make_node("Not", ["b"], ["nb"]), helper.make_node("Cast", ["h"], ["hb"], to=TensorProto.BFLOAT16)],
+        [tensor("b", TensorProto.BOOL, [4]), tensor("h", TensorProto.FLOAT16, [4])],
+        [tensor("nb", TensorProto.BOOL, [4]), tensor("hb", TensorProto.BFLOAT16, [4])],
+    )
+    b = np.array([True, False, False, True])
+    h = np.array([0.5, -2.0, 1024.0, 3.25], np.float16)
+    nb, hb = backend.run_model(m, [b, h])
+    assert nb.dtype == np.bool_ and hb.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(nb, ~b)
+    np.testing.assert_array_equal(hb.astype(np.float32), h.astype(np.float32))
+
+
+def test_a_compiler_crash_is_a_build_error():
+    """IREE's compiler crashes on this case; the build runs in a child process, so the caller gets a BuildError."""
+    from portkern.examples import onnx_conformance as conf
+
+    case = next(c for c in conf.node_cases() if c.name == "test_rotary_embedding_3d_input_expanded")
+    with pytest.raises(BuildError, match="the IREE compiler crashed"):
+        backend.prepare(case.model)
