@@ -22,7 +22,7 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from portkern import errors
-from portkern.errors import ArgumentTypeError, BuildError, DeviceError, DispatchTuningError, PortkernError, brief
+from portkern.errors import ArgumentTypeError, BuildError, DeviceError, DispatchTuningError, FinalizeError, PortkernError, brief
 from portkern.jit.loader import Kernel, load
 from portkern.portable.onnx_model import as_kernel, graph_inputs, kernel_name, operators
 from portkern.cache.store import Store
@@ -78,7 +78,10 @@ class PortkernBackend(Backend):
             what = f"ONNX model {name!r} ({', '.join(operators(model)) or 'no operators'})"
             build_isolated(where / "manifest.yaml", where / "model.pkb", what, str(where / "model.onnx"))
             store: Store | None = kwargs.get("store")
-            kernel = load(where / "model.pkb", store=store).kernel(name, device=spec, tune=kwargs.get("tune"))
+            try:
+                kernel = load(where / "model.pkb", store=store).kernel(name, device=spec, tune=kwargs.get("tune"))
+            except FinalizeError as exc:
+                raise type(exc)(f"{what}: {exc}") from None
         return PortkernRep(kernel, [i.name for i in graph_inputs(model)], [o.name for o in model.graph.output])
 
     @classmethod

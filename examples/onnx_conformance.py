@@ -8,13 +8,13 @@ from __future__ import annotations
 import random
 import warnings
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from portkern import onnx as backend
 from portkern.errors import BuildError, FinalizeError, PortkernError
+from portkern.examples import onnx_models
 
 #: Outcomes of one case on one side, in the order they are reported.
 CORRECT, RANDOM, REFUSED, FINALIZE, RUN, WRONG, UNTYPED, TIMEOUT = (
@@ -128,9 +128,8 @@ def pytorch_converted_cases() -> list[Case]:
     import onnx
     from onnx import numpy_helper
 
-    root = Path(onnx.__file__).parent / "backend" / "test" / "data" / "pytorch-converted"
     found = []
-    for path in sorted(root.glob("*/model.onnx")):
+    for path in (model.path for model in onnx_models.pytorch_converted_models()):
         data = sorted(path.parent.glob("test_data_set_*"))
         if not data:
             continue
