@@ -224,7 +224,8 @@ def write_expected(rows: list[dict], path: Path) -> None:
     for r in rows:
         outcome = conf.Outcome(r["portkern"]["kind"], r["portkern"]["detail"])
         if outcome.kind in (conf.REFUSED, conf.FINALIZE, conf.RUN):
-            old[r["name"]] = {"cause": conf.cause_of(outcome), "reason": re.sub(r"/tmp/\S+", "", outcome.detail)[:160]}
+            reason = re.sub(r"^ONNX model '[^']*' \([^)]*\): ", "", re.sub(r"/tmp/\S+", "", outcome.detail))
+            old[r["name"]] = {"cause": conf.cause_of(outcome), "reason": reason[:160]}
         else:
             old.pop(r["name"], None)
     header = (
