@@ -75,7 +75,8 @@ class PortkernBackend(Backend):
             where = Path(tmp)
             (where / "model.onnx").write_bytes(as_kernel(model, name).SerializeToString())
             (where / "manifest.yaml").write_text(f"bundle: {name}\nkernels:\n  - name: {name}\n    source: model.onnx\n")
-            what = f"ONNX model {name!r} ({', '.join(operators(model)) or 'no operators'})"
+            ops = operators(model)
+            what = f"ONNX model {name!r} ({', '.join(ops[:6]) + (', ...' if len(ops) > 6 else '') or 'no operators'})"
             build_isolated(where / "manifest.yaml", where / "model.pkb", what, str(where / "model.onnx"))
             store: Store | None = kwargs.get("store")
             try:

@@ -62,6 +62,11 @@ RULES = (
         "IREE's result differs when downsampling",
     ),
     Rule(
+        "Softmax",
+        lambda u: u.input_types[0] == "float16",
+        "on float16, with masked (-inf) entries in a row, IREE's result differs from onnx's float16 reference beyond rtol 1e-3",
+    ),
+    Rule(
         "SoftmaxCrossEntropyLoss",
         lambda u: u.given(2) and u.attr("reduction", "mean") == "mean",
         "with class weights and reduction='mean', IREE's loss differs",
@@ -77,8 +82,8 @@ def check_model(data: bytes, source: str) -> None:
 
     try:
         model = onnx.load_model_from_string(data)
-    except Exception as exc:  # noqa: BLE001 - protobuf raises its own DecodeError and others
-        raise BuildError(f"{source}: not an ONNX model: {' '.join(str(exc).split())[:200]}") from None
+    except Exception:  # noqa: BLE001 - protobuf's DecodeError and others: the importer says what is wrong
+        return
     if not any(node.op_type in _BY_OP for node in model.graph.node):
         return
     try:
