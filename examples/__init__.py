@@ -8,3 +8,6 @@ MANIFEST = Path(__file__).resolve().parent / "manifest.yaml"
 #: The OpenCL C examples (vector add, tiled matmul, row softmax); building them
 #: needs clang-15, llvm-spirv-15 and spirv-tools, running them an OpenCL device.
 OPENCL_MANIFEST = Path(__file__).resolve().parent / "manifest_opencl.yaml"
+
+#: A 768x384x640 f32 GEMM+ReLU (not in the manifest): the GPU tuning spaces' mid-size case.
+GEMM_RELU_768 = Path(__file__).resolve().parent / "gemm_relu_768.mlir"
