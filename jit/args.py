@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from portkern.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
+from portkern.jit.tensors import as_array, is_tensor
 from portkern.portable.bundle import Signature
 from portkern.portable.dtypes import numpy_dtype
 from portkern.portable.expr import Expr
@@ -15,8 +16,9 @@ from portkern.portable.launch import Launch
 
 
 def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:
-    """The arguments as C-contiguous arrays, or a TypeError/ValueError naming the bad one
-    (two for a break of the shape contract)."""
+    """The arguments (NumPy arrays, or framework tensors with `__dlpack__`, viewed without a
+    copy) as C-contiguous arrays, or a TypeError/ValueError naming the bad one (two for a
+    break of the shape contract)."""
     expected = signature.inputs
     if len(args) != len(expected):
         raise ArgumentTypeError(
@@ -25,6 +27,8 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
         )
     arrays = []
     for index, (arg, spec) in enumerate(zip(args, expected)):
+        if is_tensor(arg):
+            arg = as_array(kernel, index, arg)
         if not isinstance(arg, (np.ndarray, np.generic)):
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} must be a numpy array of {spec}, got {type(arg).__name__}"

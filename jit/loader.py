@@ -17,6 +17,7 @@ from portkern.jit import background, buckets, devices
 from portkern.jit.args import check_arguments
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
+from portkern.jit.tensors import result_wrapper
 from portkern.jit.toolchain import toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_bytes
 from portkern.portable.dtypes import as_declared
@@ -305,12 +306,17 @@ class Kernel:
         return self.native.origin
 
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run on NumPy arrays or framework tensors (`__dlpack__`); results are NumPy arrays, or
+        torch tensors sharing their memory when every argument is a torch tensor."""
         arrays = check_arguments(self.name, self.signature, args)
         executable = self._code[1]
         if self.buckets:
             _, _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])
             executable = code[1] if code is not None else executable
         results = [as_declared(r, spec.dtype) for r, spec in zip(executable(*arrays), self.signature.results)]
+        wrap = result_wrapper(args)
+        if wrap is not None:
+            results = [wrap(r) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
 
     def code_for(self, *args: np.ndarray) -> dict:
