@@ -36,6 +36,11 @@ class Dispatch:
     #: Some loop range is dynamic: the dispatch is not searched, but takes a config stamped on
     #: it (one tuned on the kernel specialised to a shape bucket's sizes, `tuner.buckets`).
     dynamic: bool = False
+    #: The kernel's author asked for it to be tuned (an OpenCL parameter space): strategies never
+    #: leave it at its default as insignificant.
+    requested: bool = False
+    #: For a space that is a list of built points (OpenCL): every point's perf-config string, the default first.
+    points: tuple[str, ...] = ()
 
     @property
     def tunable(self) -> bool:
@@ -53,5 +58,8 @@ class Dispatch:
     def to_dict(self) -> dict:
         """Plain data (what a worker sends back from its analysis)."""
         data = asdict(self)
-        data.update(sizes=list(self.sizes), parallel=list(self.parallel), default=str(self.default) if self.default is not None else None)
+        data.update(
+            sizes=list(self.sizes), parallel=list(self.parallel), points=list(self.points),
+            default=str(self.default) if self.default is not None else None,
+        )
         return data
