@@ -8,3 +8,7 @@ MANIFEST = Path(__file__).resolve().parent / "manifest.yaml"
 #: The OpenCL C examples (vector add, tiled matmul, row softmax); building them
 #: needs clang-15, llvm-spirv-15 and spirv-tools, running them an OpenCL device.
 OPENCL_MANIFEST = Path(__file__).resolve().parent / "manifest_opencl.yaml"
+
+#: OpenCL C examples with a parameter space (a tiled matmul and a tiled transpose): every
+#: valid point is built into the bundle, and the device tunes among them.
+OPENCL_TUNING_MANIFEST = Path(__file__).resolve().parent / "manifest_opencl_tuning.yaml"
