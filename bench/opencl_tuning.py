@@ -72,6 +72,13 @@ def _build(manifest: Path, output: Path, opt: str | None = None) -> tuple[float,
     return seconds, [str(w.message) for w in caught]
 
 
+def _spirv_by_point(record) -> dict[str, str]:
+    """Each point's config and the digest of its SPIR-V."""
+    from portkern.portable.launch import launch_of
+
+    return {v.config: next(record.stages[i].blob for i in v.stages if record.stages[i].format == "spirv") for v in launch_of(record).variants}
+
+
 def _reference(name: str, inputs: list[np.ndarray]) -> np.ndarray:
     if name.startswith("matmul"):
         return inputs[0].astype(np.float64) @ inputs[1].astype(np.float64)
@@ -95,11 +102,9 @@ def main() -> int:
     from portkern.jit import opencl
     from portkern.jit.opencl_native import Executable
     from portkern.portable.launch import launch_of
-    from portkern.portable.opencl import APT_HINT, missing_tools
     from portkern.tuner.opencl_family import OpenclBench
 
-    missing = missing_tools("opencl")
-    reason = f"{', '.join(missing)} not installed ({APT_HINT})" if missing else opencl.probe().reason
+    reason = opencl.unavailable()
     if reason:
         print(f"skipped: {reason}")
         return 0
@@ -137,10 +142,18 @@ def main() -> int:
                 "default_s": result.default_s, "tuned_s": result.best_s, "speedup": result.speedup, "tune_wall_s": tune_s,
                 "default_correct": _correct(default(*inputs), want), "tuned_correct": _correct(tuned(*inputs), want),
             }
-            # -O0 vs -O2 builds of the default and the tuned point, side by side
+            # -O0 vs -O2 builds of the same point, side by side, where the -O2 build is valid: a point whose
+            # SPIR-V is the same in both bundles was built at -O0 already (the build's fallback)
+            stage_of, o0_stage = _spirv_by_point(record), _spirv_by_point(plain.record(name))
+            optimised_points = [c for c in stage_of if stage_of[c] != o0_stage[c]]
+            row["built_at_O0"] = len(stage_of) - len(optimised_points)
+            default_config = launch.variants[0].config
+            wanted = [c for c in (default_config, tuned.config) if c in optimised_points]
+            wanted += [c for c in optimised_points if c not in wanted][: max(0, 2 - len(wanted))]
             bench = OpenclBench(record, tuned.target, inputs)
             o0 = []
-            for config in dict.fromkeys(["default", tuned.config]):
+            for config in wanted:
+                config = "default" if config == default_config else config
                 try:
                     built = plain.native(plain.record(name), tuned.target, config)
                     optimised = bundle.native(record, tuned.target, config)
@@ -158,19 +171,19 @@ def main() -> int:
         print()
         return 0
     print(f"OpenCL parameter spaces on {rows[0]['device']}: build {build_s:.1f} s for both kernels; tuning strategy {args.strategy}")
-    print(f"{'kernel':<16} {'points':>6} {'SPIR-V':>6} {'stages':>9} {'evaluated':>9} {'failed':>6} {'wrong':>5} "
+    print(f"{'kernel':<16} {'points':>6} {'at O0':>5} {'SPIR-V':>6} {'stages':>9} {'evaluated':>9} {'failed':>6} {'wrong':>5} "
           f"{'default':>10} {'tuned':>10} {'speedup':>7} {'tune wall':>9}  correct  config")
     for r in rows:
         ok = "yes" if r["default_correct"] and r["tuned_correct"] else "NO"
         print(
-            f"{r['kernel']:<16} {r['points']:>6} {r['spirv_modules']:>6} {r['stage_bytes'] / 1024:>5.0f} KiB {r['evaluated']:>9} "
+            f"{r['kernel']:<16} {r['points']:>6} {r['built_at_O0']:>5} {r['spirv_modules']:>6} {r['stage_bytes'] / 1024:>5.0f} KiB {r['evaluated']:>9} "
             f"{r['failed']:>6} {r['wrong']:>5} {r['default_s'] * 1e3:>7.2f} ms {r['tuned_s'] * 1e3:>7.2f} ms "
             f"{r['speedup']:>6.2f}x {r['tune_wall_s']:>7.1f} s  {ok:<7}  {r['config']}"
         )
     for r in rows:
         for w in r["build_warnings"]:
             print(f"  build warning: {w[:300]}")
-    print("run-time cost of -O0 SPIR-V (the build's fallback) against -O2, same point, interleaved:")
+    print("run-time cost of -O0 SPIR-V (the build's fallback) against -O2, same point, interleaved, on points whose -O2 build is valid:")
     for r in rows:
         for item in r["O0"]:
             if "error" in item:

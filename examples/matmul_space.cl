@@ -26,15 +26,14 @@ __kernel void matmul_space(__global const float *A, __global const float *B,
   __local float Bs[KB][BX * TX];
   const int tx = get_local_id(0), ty = get_local_id(1);
   const int col0 = get_group_id(0) * (BX * TX), row0 = get_group_id(1) * (BY * TY);
-  const int item = ty * BX + tx;
   float acc[TY][TX];
   for (int i = 0; i < TY; ++i)
     for (int j = 0; j < TX; ++j) acc[i][j] = 0.0f;
   for (int k0 = 0; k0 < K; k0 += KB) {
-    for (int e = item; e < BY * TY * KB; e += BX * BY)
-      As[e / KB][e % KB] = A[(size_t)(row0 + e / KB) * K + k0 + e % KB];
-    for (int e = item; e < KB * BX * TX; e += BX * BY)
-      Bs[e / (BX * TX)][e % (BX * TX)] = B[(size_t)(k0 + e / (BX * TX)) * N + col0 + e % (BX * TX)];
+    for (int r = ty; r < BY * TY; r += BY)
+      for (int c = tx; c < KB; c += BX) As[r][c] = A[(size_t)(row0 + r) * K + k0 + c];
+    for (int r = ty; r < KB; r += BY)
+      for (int c = tx; c < BX * TX; c += BX) Bs[r][c] = B[(size_t)(k0 + r) * N + col0 + c];
     barrier(CLK_LOCAL_MEM_FENCE);
     for (int k = 0; k < KB; ++k) {
       float b[TX];

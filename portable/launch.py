@@ -49,6 +49,15 @@ MAX_PARAM_VALUES = 64
 POINT_FAMILY, POINT_VERSION = "opencl", 1
 #: The kernel config of the default point (candidate 0).
 DEFAULT_CONFIG = "default"
+#: Most bytes the buffers of one call at the tuning shapes (`tune: at:`) may take.
+MAX_TUNING_BYTES = 1 << 30
+#: Element kind and bits of each dtype, as OpenCL C declares them.
+ELEMENTS = {
+    "float16": ("float", 16), "float32": ("float", 32), "float64": ("float", 64),
+    "int8": ("int", 8), "uint8": ("int", 8), "bool": ("int", 8),
+    "int16": ("int", 16), "uint16": ("int", 16), "int32": ("int", 32), "uint32": ("int", 32),
+    "int64": ("int", 64), "uint64": ("int", 64),
+}  # fmt: skip
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _DEFINE_VALUE = re.compile(r"^[A-Za-z0-9_.+-]{0,64}$")
 #: Manifest keys that describe an OpenCL launch (refused for other kinds).
@@ -190,9 +199,18 @@ class Launch:
         raise LaunchSpecError(f"config {config[:200]!r} names no point of this kernel's parameter space")
 
     def tuning_shapes(self) -> list[tuple[int, ...]]:
-        """The input buffer shapes a parameter space is tuned at (symbols from `tune_at`)."""
+        """The input buffer shapes a parameter space is tuned at (symbols from `tune_at`); LaunchSpecError
+        when a symbol has no value or the buffers would hold more than MAX_TUNING_BYTES."""
         symbols = dict(self.tune_at)
-        return [tuple(d.evaluate(symbols, {}) for d in arg.shape) for arg in self.inputs if arg.is_buffer]
+        shapes = {a.name: tuple(d.evaluate(symbols, {}) for d in a.shape) for a in self.inputs if a.is_buffer}
+        total = 0
+        for arg in self.args:
+            if arg.is_buffer:
+                shape = shapes.get(arg.name) or tuple(d.evaluate(symbols, shapes) for d in arg.shape)
+                total += _product(shape) * ELEMENTS[arg.dtype][1] // 8
+        if total > MAX_TUNING_BYTES:
+            raise LaunchSpecError(f"the buffers at the tuning shapes would take {total} bytes; at most {MAX_TUNING_BYTES}")
+        return list(shapes.values())
 
     @property
     def inputs(self) -> tuple[LaunchArg, ...]:
@@ -242,7 +260,12 @@ class Launch:
         launch = _common(data, params)
         tune_at = tuple((str(k), int(v)) for k, v in (data.get("tune_at") or {}).items())
         _check_variants(variants, launch.global_size)
-        return Launch(launch.args, launch.global_size, launch.requires, variants, tune_at)
+        checked = Launch(launch.args, launch.global_size, launch.requires, variants, tune_at)
+        if checked.tunable:
+            if {k for k, _ in tune_at} != launch.symbols:
+                raise _fail(("tune_at",), f"must give every shape symbol ({', '.join(sorted(launch.symbols))}) a size")
+            checked.tuning_shapes()
+        return checked
 
 
 def from_manifest(options: Mapping[str, Any], kind: str, source: Path) -> tuple[Launch, tuple[VariantSource, ...]]:
@@ -363,7 +386,12 @@ def _tune_at(value: Any, launch: Launch) -> tuple[tuple[str, int], ...]:
         return ()
     if not isinstance(value, Mapping) or sorted(value) != symbols or not all(type(v) is int and 1 <= v <= 1 << 24 for v in value.values()):
         raise _fail(("tune", "at"), f"must give every shape symbol ({', '.join(symbols)}) the integer size (1 to {1 << 24}) to tune at")
-    return tuple((name, value[name]) for name in symbols)
+    at = tuple((name, value[name]) for name in symbols)
+    try:
+        Launch(launch.args, launch.global_size, launch.requires, (), at).tuning_shapes()
+    except LaunchSpecError as exc:
+        raise _fail(("tune", "at"), str(exc)) from None
+    return at
 
 
 def _point(point: tuple[tuple[str, int], ...], restrict, local, launch: Launch, at) -> Variant | None:

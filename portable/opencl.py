@@ -33,7 +33,7 @@ from portkern.errors import BuildError, CompileError, LaunchSpecError, brief
 from portkern.portable import spirv
 from portkern.portable.framing import read_bounded
 from portkern.portable.bundle import KernelRecord, Stage, sha256
-from portkern.portable.launch import Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, point_text, where_of
+from portkern.portable.launch import ELEMENTS, Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, point_text, where_of
 from portkern.portable.manifest import KernelSpec
 from portkern.portable.producer import Producer
 
@@ -53,12 +53,6 @@ SPIR_STAGE = ("spir", "spir-bitcode")
 _DIAGNOSTIC = re.compile(r"^(?P<where>[^\n]+?:\d+:\d+): (?P<severity>fatal error|error): (?P<message>.*)$", re.M)
 _VERSION = re.compile(r"version (\d+\.\d+\.\d+)")
 _LOOP_METADATA = re.compile(r", !llvm\.loop ![0-9]+")
-_ELEMENTS = {
-    "float16": ("float", 16), "float32": ("float", 32), "float64": ("float", 64),
-    "int8": ("int", 8), "uint8": ("int", 8), "bool": ("int", 8),
-    "int16": ("int", 16), "uint16": ("int", 16), "int32": ("int", 32), "uint32": ("int", 32),
-    "int64": ("int", 64), "uint64": ("int", 64),
-}  # fmt: skip
 
 
 class BuildWarning(UserWarning):
@@ -238,7 +232,7 @@ def _compile(source: Path, defines: Sequence[tuple[str, str]], origin: str, note
             plain = _translate(work / "plain.bc", origin)
             if _validation_error(plain, work) is None:
                 notes.append(
-                    f"{origin}: built at -O0: llvm-spirv-15 made SPIR-V from the {opt} build that spirv-val rejects "
+                    f"{origin}: built at -O0: llvm-spirv-15 made no valid SPIR-V from the {opt} build "
                     f"({' '.join(problem.split())[:200]}); the OpenCL driver optimises the kernel on the device"
                 )
                 return plain
@@ -291,7 +285,7 @@ def check_kernel(module: spirv.Module, entry: str, launch: Launch, variant: Vari
 
 
 def _param_problem(param: spirv.Param, arg: LaunchArg) -> str:
-    want = _ELEMENTS[arg.dtype]
+    want = ELEMENTS[arg.dtype]
     if arg.is_buffer:
         if param.kind != "pointer":
             return f"the kernel parameter is {_c_type(param)}, but the manifest describes a buffer (role {arg.role})"

@@ -83,6 +83,11 @@ def test_points_travel_through_the_bundle_record():
     tampered["variants"][1]["params"] = tampered["variants"][0]["params"]
     with pytest.raises(LaunchSpecError, match="no point may repeat"):
         Launch.from_dict(tampered)
+    huge = {**launch.to_dict(), "tune_at": {"K": 1 << 20, "M": 1 << 20, "N": 1 << 20}}
+    with pytest.raises(LaunchSpecError, match="bytes; at most"):
+        Launch.from_dict(huge)
+    with pytest.raises(LaunchSpecError, match="must give every shape symbol"):
+        Launch.from_dict({k: v for k, v in launch.to_dict().items() if k != "tune_at"})
 
 
 def test_point_configs_are_the_tuner_family_configs():
@@ -102,6 +107,7 @@ def test_point_configs_are_the_tuner_family_configs():
         ({"params": {"BX": [8], "BY": [8], "TX": [1], "TY": [1], "M": [8]}}, "tune.params.M", "also a shape symbol"),
         ({"params": {"BX": [8], "round_up": [1]}}, "tune.params.round_up", "not a parameter name"),
         ({"at": {"M": 96}}, "tune.at", "every shape symbol (K, M, N)"),
+        ({"at": {"M": 65536, "N": 65536, "K": 64}}, "tune.at", "bytes; at most 1073741824"),
         ({"restrict": ["BX > 1000"]}, "tune.restrict", "no point of the parameter space is valid"),
         ({"params": {f"P{i}": list(range(9)) for i in range(6)}}, "tune.params", "combinations"),
         ({"params": {"BX": [8], "BY": [8], "TX": [1], "TY": [1], "P": list(range(20)), "Q": list(range(20))}}, "tune.params", f"at most {MAX_POINTS} are built"),

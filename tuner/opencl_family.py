@@ -25,7 +25,7 @@ from portkern.jit.args import bind_launch
 from portkern.jit.opencl_native import Executable
 from portkern.jit.target import Target
 from portkern.portable.bundle import KernelRecord, Signature, TensorSpec
-from portkern.portable.launch import POINT_FAMILY, POINT_VERSION, Launch, launch_of, point_config
+from portkern.portable.launch import MAX_PARAMS, POINT_FAMILY, POINT_VERSION, Launch, launch_of, point_config
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.family import Family
 from portkern.tuner.measure import Bench, make_inputs, time_calls
@@ -34,8 +34,6 @@ from portkern.tuner.space import Stage
 
 #: Candidates the `quick` strategy takes from a space (evenly spread over its points).
 QUICK = 8
-#: Most parameters a config may set (as `portable.launch.MAX_PARAMS`).
-MAX_PARAMS = 8
 
 
 @dataclass(frozen=True)
