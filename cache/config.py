@@ -2,7 +2,9 @@
 
 Mirrors what users know from CUDA's and AMD's JIT caches:
 
-- `PORTKERN_CACHE_DIR`: the directory (default: the platform's user cache dir).
+- `PORTKERN_CACHE_DIR`: the directory (default: the platform's user cache dir), or several
+  separated by `os.pathsep` (e.g. a read-only cache baked into an image, then a writable one):
+  looked up in order, new entries written to the first writable one.
 - `PORTKERN_CACHE_DISABLE=1`: no cache at all; every kernel is finalised anew.
 - `PORTKERN_CACHE_MAXSIZE`: size budget, e.g. `2GB`, `512MiB`, `1000000` (bytes).
 
@@ -56,6 +58,13 @@ class CacheConfig:
     directory: Path
     max_size: int
     disabled: bool
+    #: Further directories, looked up after `directory` in this order (see `directories`).
+    also: tuple[Path, ...] = ()
+
+    @property
+    def directories(self) -> tuple[Path, ...]:
+        """Every cache directory, in lookup order."""
+        return (self.directory, *self.also)
 
 
 def parse_size(text: str) -> int:
@@ -115,15 +124,17 @@ def _max_size() -> int:
         return DEFAULT_MAX_SIZE
 
 
-def _directory() -> Path:
-    raw = os.environ.get("PORTKERN_CACHE_DIR")
+def _directories(raw: str | None) -> list[Path]:
     if raw is not None and not raw.strip():
         setting_warning("PORTKERN_CACHE_DIR", raw, f"is empty; using the default cache directory {default_directory()}")
-    return Path(raw) if raw and raw.strip() else default_directory()
+    listed = [part for part in (raw or "").split(os.pathsep) if part.strip()]
+    return [Path(part) for part in listed] or [default_directory()]
 
 
 def from_env(directory: str | Path | None = None) -> CacheConfig:
-    """Settings from arguments first, then `PORTKERN_CACHE_*`, then defaults. Never raises:
+    """Settings from arguments first, then `PORTKERN_CACHE_*`, then defaults. `directory` (or
+    `PORTKERN_CACHE_DIR`) may list several directories separated by `os.pathsep`. Never raises:
     unreadable settings warn once and fall back to their defaults."""
-    base = Path(directory) if directory else _directory()
-    return CacheConfig(base / LAYOUT, _max_size(), env_flag("PORTKERN_CACHE_DISABLE"))
+    bases = _directories(str(directory)) if directory else _directories(os.environ.get("PORTKERN_CACHE_DIR"))
+    first, *rest = (base / LAYOUT for base in bases)
+    return CacheConfig(first, _max_size(), env_flag("PORTKERN_CACHE_DISABLE"), tuple(rest))

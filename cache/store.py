@@ -36,10 +36,11 @@ import time
 import warnings
 import weakref
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
-from portkern.cache import index, repair
+from portkern.cache import index, readonly, repair
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.entry import CorruptRecordError, Entry
@@ -105,80 +106,127 @@ def _row_entry(row: index.Row) -> Entry:
                  created=row.created, last_used=row.last_used, hits=row.hits)
 
 
+@dataclass(eq=False)
+class _Layer:
+    """One cache directory and this process's connection to it."""
+
+    directory: Path
+    cache: Any = None
+    identity: tuple[int, int] | None = None
+    broken: str | None = None
+    moved_aside: bool = False
+    read_only: bool = False
+
+    @property
+    def state(self) -> str:
+        return "not usable" if self.broken else "read-only" if self.read_only else "writable"
+
+
 class Store:
-    """A cache directory. Methods never raise for cache failures; they warn once."""
+    """One or more cache directories, looked up in order; new entries go to the first writable one.
+    Methods never raise for cache failures; they warn once."""
 
     def __init__(self, config: CacheConfig | None = None, remote: RemoteCache | None = None) -> None:
         self.config = config or from_env()
         #: The fleet's shared tier, if any: tuning results read and write through it here;
         #: native code goes through it in the loader, which alone publishes what it built.
         self.remote = remote
-        self._cache = None
-        self._identity: tuple[int, int] | None = None
-        self._broken: str | None = None
-        self._moved_aside = False
+        self._layers = [_Layer(directory) for directory in self.config.directories]
+        self._unwritable_warned = False
         self._hits = HitLog()
         if self.config.disabled:
-            self._broken = "disabled by PORTKERN_CACHE_DISABLE"
+            for layer in self._layers:
+                layer.broken = "disabled by PORTKERN_CACHE_DISABLE"
         _live.add(self)
 
     @property
     def directory(self) -> Path:
-        return self.config.directory
+        """Where new entries go: the first writable directory (the first directory when none is)."""
+        layer = self._writer(warn=False)
+        return layer.directory if layer is not None else self.config.directory
 
     @property
     def enabled(self) -> bool:
-        return self._open() is not None
+        return any(self._open(layer) is not None for layer in self._layers)
+
+    def places(self) -> list[dict[str, str]]:
+        """Each directory in lookup order with its state: writable, read-only or not usable (and why)."""
+        for layer in self._layers:
+            self._open(layer)
+        return [{"directory": str(layer.directory), "state": layer.state, **({"problem": layer.broken} if layer.broken else {})}
+                for layer in self._layers]
 
     # --- plumbing -----------------------------------------------------------
 
-    def _connect(self):
-        import diskcache
+    def _connect(self, layer: _Layer):
+        layer.read_only = not readonly.writable(layer.directory)
+        if layer.read_only:
+            cache = readonly.ReadOnlyCache(layer.directory)
+        else:
+            import diskcache
 
-        self.directory.mkdir(parents=True, exist_ok=True)
-        cache = diskcache.Cache(str(self.directory), eviction_policy="none", size_limit=1 << 62, statistics=0)
+            layer.directory.mkdir(parents=True, exist_ok=True)
+            cache = diskcache.Cache(str(layer.directory), eviction_policy="none", size_limit=1 << 62, statistics=0)
         try:
             con = cache._con  # diskcache's connection: the index shares its transactions
             if not index.installed(con):
+                if layer.read_only:
+                    raise sqlite3.OperationalError("no entry index (written by an older portkern): open it writable once")
                 with cache.transact():
                     if not index.installed(con):
                         index.install(con, self._unindexed(cache))
-            self._identity = repair.identity(self.directory / repair.DATABASE)
+            layer.identity = repair.identity(layer.directory / repair.DATABASE)
         except BaseException:
             cache.close()
             raise
         return cache
 
-    def _open(self):
-        if self._cache is not None and repair.identity(self.directory / repair.DATABASE) != self._identity:
-            self._close_connection()  # cleared or moved aside by another process: open the new one
-        if self._cache is None and self._broken is None:
-            before = repair.identity(self.directory / repair.DATABASE)
+    def _open(self, layer: _Layer):
+        if layer.cache is not None and repair.identity(layer.directory / repair.DATABASE) != layer.identity:
+            self._close_connection(layer)  # cleared or moved aside by another process: open the new one
+        if layer.cache is None and layer.broken is None:
+            before = repair.identity(layer.directory / repair.DATABASE)
             try:
-                self._cache = self._connect()
+                layer.cache = self._connect(layer)
             except Exception as exc:  # noqa: BLE001 - any cache failure degrades, never fails
-                if damaged(exc) and self._move_aside(exc, before):
+                if damaged(exc) and not layer.read_only and self._move_aside(layer, exc, before):
                     try:
-                        self._cache = self._connect()
+                        layer.cache = self._connect(layer)
                     except Exception as again:  # noqa: BLE001
-                        self._fail("open", again)
+                        self._fail(layer, "open", again)
                 else:
-                    self._fail("open", exc)
-        return self._cache
+                    self._fail(layer, "open", exc)
+        return layer.cache
 
-    def _move_aside(self, exc: BaseException, seen: tuple[int, int] | None) -> bool:
+    def _writer(self, warn: bool = True) -> _Layer | None:
+        """The first writable directory; None (one warning, when `warn`) when every usable one is read-only."""
+        for layer in self._layers:
+            if self._open(layer) is not None and not layer.read_only:
+                return layer
+        read_only = [str(layer.directory) for layer in self._layers if layer.read_only and layer.broken is None]
+        if warn and read_only and not self._unwritable_warned:
+            self._unwritable_warned = True
+            warnings.warn(
+                f"portkern cache at {', '.join(read_only)} is read-only and PORTKERN_CACHE_DIR lists no writable "
+                f"directory (separate several with {os.pathsep!r}); cached kernels are served, new ones are not stored",
+                CacheWarning,
+                stacklevel=4,
+            )
+        return None
+
+    def _move_aside(self, layer: _Layer, exc: BaseException, seen: tuple[int, int] | None) -> bool:
         """Move an unreadable database aside (once per store); whether to open a fresh one."""
-        if self._moved_aside:
+        if layer.moved_aside:
             return False
-        self._moved_aside = True
-        self._close_connection()
-        database = self.directory / repair.DATABASE
+        layer.moved_aside = True
+        self._close_connection(layer)
+        database = layer.directory / repair.DATABASE
         if repair.identity(database) != seen:
             return True  # another process already replaced it
         try:
-            aside = repair.move_aside(self.directory)
+            aside = repair.move_aside(layer.directory)
         except OSError as error:
-            self._fail("move aside", error)
+            self._fail(layer, "move aside", error)
             return False
         warnings.warn(
             f"portkern cache database {database} cannot be read ({exc}); moved aside to {aside.name}, starting a fresh one",
@@ -187,44 +235,62 @@ class Store:
         )
         return True
 
-    def _fail(self, what: str, exc: BaseException) -> None:
-        if self._broken is None:
-            self._broken = f"{what}: {type(exc).__name__}: {exc}"
+    def _fail(self, layer: _Layer, what: str, exc: BaseException) -> None:
+        if layer.broken is None:
+            layer.broken = f"{what}: {type(exc).__name__}: {exc}"
             warnings.warn(
-                f"portkern cache at {self.directory} is not usable ({self._broken}); running without it",
+                f"portkern cache at {layer.directory} is not usable ({layer.broken}); running without it",
                 CacheWarning,
                 stacklevel=3,
             )
-        self._close_connection()
+        self._close_connection(layer)
 
-    def _guard(self, what: str, action: Callable[[Any], Any], default: Any = None) -> Any:
+    def _guard(self, layer: _Layer | None, what: str, action: Callable[[Any], Any], default: Any = None) -> Any:
+        """`action(cache)` on one directory; `default` when it is absent, unusable or fails."""
+        if layer is None:
+            return default
         for attempt in range(2):  # a second time on a fresh database after moving a damaged one aside
-            cache = self._open()
+            cache = self._open(layer)
             if cache is None:
                 return default
             try:
                 return action(cache)
             except Exception as exc:  # noqa: BLE001
-                if attempt == 0 and damaged(exc) and self._move_aside(exc, self._identity):
+                if attempt == 0 and damaged(exc) and not layer.read_only and self._move_aside(layer, exc, layer.identity):
                     continue
-                self._fail(what, exc)
+                self._fail(layer, what, exc)
                 return default
         return default
 
-    def _close_connection(self) -> None:
-        if self._cache is not None:
+    def _each(self, what: str, action: Callable[[Any], Any], default: Any = None) -> Iterator[Any]:
+        """`action(cache)` on every usable directory in lookup order."""
+        for layer in self._layers:
+            yield self._guard(layer, what, action, default)
+
+    def _write(self, what: str, action: Callable[[Any], Any], default: Any = None) -> Any:
+        """`action(cache)` on the directory new entries go to."""
+        return self._guard(self._writer(), what, action, default)
+
+    @staticmethod
+    def _close_connection(layer: _Layer) -> None:
+        if layer.cache is not None:
             try:
-                self._cache.close()
+                layer.cache.close()
             except Exception:  # noqa: BLE001 - closing a broken database must not raise
                 pass
-            self._cache = None
+            layer.cache = None
 
     def close(self) -> None:
-        """Write pending hit counts and close the database."""
+        """Write pending hit counts and close the databases."""
         self.flush()
-        self._close_connection()
+        for layer in self._layers:
+            self._close_connection(layer)
 
     def _corrupt(self, cache, key: str, problem: str, label: str = "") -> None:
+        if getattr(cache, "read_only", False):
+            warnings.warn(f"portkern cache entry {key[:16]}{label} in read-only {cache.directory} is corrupt; not used ({problem})",
+                          CacheWarning, stacklevel=4)
+            return
         warnings.warn(f"portkern cache entry {key[:16]}{label} is corrupt; evicted, it will be rebuilt ({problem})",
                       CacheWarning, stacklevel=4)
         with cache.transact():
@@ -261,14 +327,14 @@ class Store:
                 if isinstance(found, str):
                     self._corrupt(cache, key, found)
                     found = None
-            if count:
-                if found is None:
-                    self._hits.miss()
-                else:
-                    self._hits.hit(key, time.time())
             return found
 
-        found = self._guard("read", read)
+        found = next((hit for hit in self._each("read", read) if hit is not None), None)
+        if count:
+            if found is None:
+                self._hits.miss()
+            else:
+                self._hits.hit(key, time.time())
         if count and self._hits.due():
             self.flush()
         return found
@@ -303,7 +369,7 @@ class Store:
                     self._evict(cache, self.config.max_size, int(self.config.max_size * LOW_WATER))
                 return len(batch)
 
-            done = self._guard("write", write, 0)
+            done = self._write("write", write, 0)
             stored += done
             if not done:
                 break
@@ -314,7 +380,7 @@ class Store:
             with cache.transact():
                 return self._remove(cache, key)
 
-        return bool(self._guard("delete", remove, False))
+        return bool(self._write("delete", remove, False))
 
     @staticmethod
     def _remove(cache, key: str) -> bool:
@@ -364,11 +430,11 @@ class Store:
     def entries(self, where: Filter = Filter(), limit: int | None = None) -> list[Entry]:
         """Metadata of the artifacts that match, most recently used first (at most `limit`)."""
         self.flush()
-        return self._guard("scan", lambda cache: self._entries(cache, index.rows(cache._con, where, limit)), [])
+        return _merged(self._each("scan", lambda cache: self._entries(cache, index.rows(cache._con, where, limit)), []), limit)
 
     def count(self, where: Filter = Filter()) -> int:
         """How many artifacts match (from the totals when there is no filter)."""
-        return self._guard("scan", lambda cache: index.count(cache._con, where), 0)
+        return sum(self._each("scan", lambda cache: index.count(cache._con, where), 0))
 
     def find(self, prefix: str) -> list[Entry]:
         """Entries whose key starts with `prefix` (at most two: enough to say it is ambiguous)."""
@@ -376,11 +442,18 @@ class Store:
         if not prefix or any(c not in "0123456789abcdef" for c in prefix):
             return []
         self.flush()
-        return self._guard("scan", lambda cache: self._entries(cache, index.with_prefix(cache._con, prefix)), [])
+        return _merged(self._each("scan", lambda cache: self._entries(cache, index.with_prefix(cache._con, prefix)), []), 2)
+
+    def directory_of(self, key: str) -> Path | None:
+        """The first directory (in lookup order) that holds the entry `key`."""
+        for layer, row in zip(self._layers, self._each("scan", lambda cache: index.lookup(cache._con, key))):
+            if row is not None:
+                return layer.directory
+        return None
 
     def read_raw(self, key: str) -> bytes | None:
         """An artifact's bytes without checking or counting (for verify and export)."""
-        return self._guard("read", lambda cache: cache.get(f"a/{key}"))
+        return next((data for data in self._each("read", lambda cache: cache.get(f"a/{key}")) if data is not None), None)
 
     def enforce_budget(self, max_size: int | None = None) -> list[Entry]:
         """Evict least recently used artifacts until they fit `max_size` (default: the configured budget)."""
@@ -391,7 +464,7 @@ class Store:
                 self._write_counts(cache)
                 return self._evict(cache, budget, budget)
 
-        return self._guard("evict", evict, [])
+        return self._write("evict", evict, [])
 
     def prune(self, max_size: int | None = None, older_than: float | None = None) -> list[Entry]:
         """Evict entries unused for `older_than` seconds, then LRU down to `max_size` bytes."""
@@ -405,7 +478,7 @@ class Store:
                     rows = index.used_before(cache._con, cutoff)
                     return [_row_entry(row) for row in rows if self._remove(cache, row.key)]
 
-            evicted += self._guard("prune", old, [])
+            evicted += self._write("prune", old, [])
         if max_size is not None:
             evicted += self.enforce_budget(max_size)
         return evicted
@@ -414,17 +487,21 @@ class Store:
 
     def verify(self) -> list[Finding]:
         """Check rows against files and files against rows, decode every record, re-hash every
-        artifact, remove stale locks; remove (or re-index) what is inconsistent and return it."""
+        artifact, remove stale locks; remove (or re-index) what is inconsistent and return it.
+        Only the directory new entries go to: a read-only one cannot be repaired."""
         self.flush()
         findings: list[Finding] = []
-        self._guard("verify", lambda cache: self._verify_structure(cache, findings))
-        self._guard("verify", lambda cache: self._verify_contents(cache, findings))
-        findings += [Finding("lock", name, "stale lock (no process holds it)") for name in repair.stale_locks(self.directory)]
+        layer = self._writer()
+        self._guard(layer, "verify", lambda cache: self._verify_structure(cache, findings))
+        self._guard(layer, "verify", lambda cache: self._verify_contents(cache, findings))
+        if layer is not None:
+            findings += [Finding("lock", name, "stale lock (no process holds it)") for name in repair.stale_locks(layer.directory)]
         return findings
 
     def _verify_structure(self, cache, findings: list[Finding]) -> None:
         """Rows, index and files agree (under the write lock, so no write is half done)."""
         con = cache._con
+        directory = Path(cache.directory)
         with cache.transact():
             names = [k for (k,) in con.execute("SELECT key FROM Cache WHERE raw = 1") if isinstance(k, str)]
             meta = {k[2:] for k in names if k.startswith("m/")}
@@ -432,7 +509,7 @@ class Store:
             indexed = index.keys(con)
             files = repair.referenced_files(con)
             for filename, name in files.items():
-                if not (self.directory / filename).is_file():
+                if not (directory / filename).is_file():
                     cache.delete(name)
                     kind, _, key = name.partition("/")
                     {"m": meta, "a": artifacts}.get(kind, set()).discard(key)
@@ -455,8 +532,8 @@ class Store:
                 cache.delete(f"m/{key}")
                 findings.append(Finding("entry", key, "metadata without artifact"))
             referenced = set(repair.referenced_files(con))
-            for name in repair.stray_files(self.directory, referenced):
-                repair.remove_path(self.directory / name)
+            for name in repair.stray_files(directory, referenced):
+                repair.remove_path(directory / name)
                 findings.append(Finding("file", name, "file no database row names"))
             if index.rebuild_totals(con):
                 findings.append(Finding("totals", "portkern_totals", "per-device totals did not match the entries; recounted"))
@@ -481,10 +558,14 @@ class Store:
     def clear(self, device: str | None = None) -> int:
         """Remove everything, files unknown to the database included, or only the artifacts and
         tuning results of one device. `device` is a label ("cpu:znver5") or a prefix of a fingerprint
-        digest. Returns how many artifacts were removed."""
+        digest. Returns how many artifacts were removed. Only the directory new entries go to: a
+        read-only one stays as it is."""
         if device is not None:
             return self._clear_device(device)
         self._hits.take()
+        layer = self._writer()
+        if layer is None:
+            return 0
 
         def empty(cache):
             con = cache._con
@@ -494,11 +575,11 @@ class Store:
                     con.execute(f"DELETE FROM {table}")
             return removed
 
-        removed = self._guard("clear", empty, 0)
-        self._close_connection()
-        left = repair.remove_everything(self.directory)
+        removed = self._guard(layer, "clear", empty, 0)
+        self._close_connection(layer)
+        left = repair.remove_everything(layer.directory)
         if left:
-            warnings.warn(f"portkern cache clear could not remove {', '.join(left)} from {self.directory}", CacheWarning, stacklevel=2)
+            warnings.warn(f"portkern cache clear could not remove {', '.join(left)} from {layer.directory}", CacheWarning, stacklevel=2)
         return removed
 
     def _clear_device(self, device: str) -> int:
@@ -507,23 +588,37 @@ class Store:
                 rows = index.rows(cache._con, Filter(device=device))
                 return sum(1 for row in rows if self._remove(cache, row.key))
 
-        count = self._guard("clear", remove, 0)
+        count = self._write("clear", remove, 0)
         for key, record in list(self.records("t")):
             if isinstance(record.get("device"), dict) and matches_device(record["device"], device):
                 self.delete_record("t", key)
         return count
 
     def stats(self) -> dict[str, Any]:
-        """Entries, bytes and hits overall and per device, and the hit/miss counters (no scan)."""
+        """Entries, bytes and hits overall and per device, and the hit/miss counters (no scan), summed
+        over the directories; `directories` gives each one's state and totals."""
         self.flush()
 
         def read(cache):
             con = cache._con
             return index.totals(con), index.counters(con), self._record_count(cache, "t")
 
-        per_device, counters, tuning = self._guard("read", read, ({}, dict.fromkeys(index.COUNTERS, 0), 0))
+        per_device: dict[str, dict[str, int]] = {}
+        counters = dict.fromkeys(index.COUNTERS, 0)
+        tuning = 0
+        places = self.places()
+        for place, (devices, counted, records) in zip(places, self._each("read", read, ({}, dict.fromkeys(index.COUNTERS, 0), 0))):
+            place.update(entries=sum(d["entries"] for d in devices.values()), bytes=sum(d["bytes"] for d in devices.values()))
+            for label, totals in devices.items():
+                into = per_device.setdefault(label, dict.fromkeys(totals, 0))
+                for name, value in totals.items():
+                    into[name] = into.get(name, 0) + value
+            for name, value in counted.items():
+                counters[name] = counters.get(name, 0) + value
+            tuning += records
         return {
             "directory": str(self.directory),
+            "directories": places,
             "enabled": self.enabled,
             "entries": sum(d["entries"] for d in per_device.values()),
             "bytes": sum(d["bytes"] for d in per_device.values()),
@@ -552,7 +647,8 @@ class Store:
         statistics, never a reason to stop serving hits."""
         if not self._hits.pending():
             return
-        cache = self._open()
+        layer = self._writer(warn=False)
+        cache = self._open(layer) if layer is not None else None
         pending = self._hits.take()
         if cache is None:
             return
@@ -565,7 +661,11 @@ class Store:
     def counters(self) -> dict[str, int]:
         """Lookups that hit and missed, over all processes (this one's pending counts included)."""
         self.flush()
-        return self._guard("read", lambda cache: index.counters(cache._con), dict.fromkeys(index.COUNTERS, 0))
+        totals = dict.fromkeys(index.COUNTERS, 0)
+        for counted in self._each("read", lambda cache: index.counters(cache._con), {}):
+            for name, value in counted.items():
+                totals[name] = totals.get(name, 0) + value
+        return totals
 
     def count_remote(self, hit: bool) -> None:
         """Count one lookup of native code in the remote tier that found it (or did not)."""
@@ -574,7 +674,7 @@ class Store:
             with cache.transact():
                 index.add_counts(cache._con, **{"remote_hits" if hit else "remote_misses": 1})
 
-        self._guard("write", write)
+        self._write("write", write)
 
     # --- small JSON records: tuning results, device probes, bundle checks ----
 
@@ -597,11 +697,15 @@ class Store:
                 text = _text(cache, name)
                 return None if text is None else _decode_record(text)
             except CorruptRecordError as exc:
+                if getattr(cache, "read_only", False):
+                    warnings.warn(f"portkern cache record {name[:18]} in read-only {cache.directory} is corrupt ({exc}); not used",
+                                  CacheWarning, stacklevel=4)
+                    return None
                 warnings.warn(f"portkern cache record {name[:18]} is corrupt ({exc}); evicted", CacheWarning, stacklevel=4)
                 cache.delete(name)
                 return None
 
-        return self._guard("read", read)
+        return next((record for record in self._each("read", read) if record is not None), None)
 
     def put_record(self, kind: str, key: str, record: dict) -> bool:
         text = json.dumps(record, sort_keys=True)
@@ -612,17 +716,18 @@ class Store:
                 cache.set(f"{kind}/{key}", text)
             return True
 
-        return bool(self._guard("write", write, False))
+        return bool(self._write("write", write, False))
 
     def records(self, kind: str) -> Iterator[tuple[str, dict]]:
         prefix = f"{kind}/"
-        for name in self._guard("scan", lambda cache: self._record_names(cache, kind), []):
+        names = dict.fromkeys(name for found in self._each("scan", lambda cache: self._record_names(cache, kind), []) for name in found)
+        for name in names:
             record = self.get_record(kind, name[len(prefix) :])
             if record is not None:
                 yield name[len(prefix) :], record
 
     def delete_record(self, kind: str, key: str) -> bool:
-        return bool(self._guard("delete", lambda cache: cache.delete(f"{kind}/{key}"), False))
+        return bool(self._write("delete", lambda cache: cache.delete(f"{kind}/{key}"), False))
 
     def get_tuning(self, problem: str, device: DeviceFingerprint, compiler: str) -> dict | None:
         """The stored tuning result for a problem on a device, if any (here, else from the remote tier)."""
@@ -649,17 +754,19 @@ class Store:
     # --- locks --------------------------------------------------------------
 
     def lock(self, key: str, timeout: float = 900.0):
-        """A cross-process lock for building `key`, so concurrent processes build it once."""
-        if self._open() is None:
+        """A cross-process lock for building `key`, so concurrent processes build it once (in the
+        directory new entries go to; none when no directory is writable)."""
+        layer = self._writer()
+        if layer is None:
             return nullcontext()
         try:
             from filelock import FileLock
 
-            locks = self.directory / repair.LOCKS
+            locks = layer.directory / repair.LOCKS
             locks.mkdir(exist_ok=True)
             return _tolerant(FileLock(str(locks / f"{key[:32]}.lock"), timeout=timeout))
         except Exception as exc:  # noqa: BLE001
-            self._fail("lock", exc)
+            self._fail(layer, "lock", exc)
             return nullcontext()
 
     # --- migration ----------------------------------------------------------
@@ -670,6 +777,16 @@ class Store:
             found = self._load(cache, name[2:])
             if isinstance(found, tuple):
                 yield _index_row(found[1])
+
+
+def _merged(found: Iterable[list[Entry]], limit: int | None) -> list[Entry]:
+    """Entries from several directories, each key once (the first directory's), most recently used first."""
+    lists = [entries for entries in found if entries]
+    if len(lists) <= 1:
+        return lists[0] if lists else []
+    unique = list({entry.key: entry for entries in reversed(lists) for entry in entries}.values())
+    unique.sort(key=lambda entry: entry.last_used, reverse=True)
+    return unique[:limit] if limit is not None else unique
 
 
 def matches_device(device: dict[str, Any], wanted: str) -> bool:

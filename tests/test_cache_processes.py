@@ -148,24 +148,105 @@ def _read_only_runner(directory: Path) -> list[str] | None:
     return ["unshare", "-m", "sh", "-c", f'mount --bind "{d}" "{d}" && mount -o remount,bind,ro "{d}" "{d}" && exec "$0" "$@"']
 
 
-def test_read_only_cache_dir_still_runs_kernels(examples_bundle, tmp_path):
-    warm = result(run(tmp_path, str(examples_bundle), "gemm_rowsum"))
-    assert warm["origin"] == "finalized"
-    prefix = _read_only_runner(tmp_path)
+# Loads kernels (argv[2:]) with worker starts counted, checks each against NumPy, prints what happened as JSON.
+RUN_COUNTING_WORKERS = textwrap.dedent(
+    """
+    import json, sys, warnings
+    import numpy as np
+    import portkern
+    from portkern.examples.reference import EXAMPLES
+    from portkern.jit import workers
+    started = []
+    original = workers._Worker.__init__
+    def counting(self, *args, **kwargs):
+        started.append(1)
+        original(self, *args, **kwargs)
+    workers._Worker.__init__ = counting
+    report = {"origins": {}, "ok": True}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bundle = portkern.load(sys.argv[1])
+        for name in sys.argv[2:]:
+            kernel = bundle.kernel(name)
+            example = EXAMPLES[name]
+            inputs = example.inputs(np.random.default_rng(7))
+            out = kernel(*inputs)
+            report["ok"] &= bool(np.allclose(out, example.reference(*inputs)[0], rtol=example.rtol, atol=example.atol))
+            report["origins"][name] = kernel.origin
+        report["workers_started"] = len(started)
+    report["warnings"] = [str(w.message) for w in caught]
+    print(json.dumps(report))
+    """
+)
+
+
+def _read_only(directory: Path, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run `argv` with `directory` read-only (a private read-only bind mount as root, chmod otherwise)."""
+    prefix = _read_only_runner(directory)
     if prefix is None:
         pytest.skip("running as root without a private mount namespace (unshare -m), so no directory is read-only")
     if not prefix:
-        for path in [tmp_path, *tmp_path.rglob("*")]:
+        for path in [directory, *directory.rglob("*")]:
             path.chmod(0o555 if path.is_dir() else 0o444)
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(tmp_path)}
-    done = subprocess.run(
-        [*prefix, sys.executable, "-c", RUN_KERNEL, str(examples_bundle), "gemm_rowsum"],
-        env=env, capture_output=True, text=True, timeout=600,
-    )
-    if not prefix:
-        for path in [tmp_path, *tmp_path.rglob("*")]:
-            path.chmod(0o755 if path.is_dir() else 0o644)
+    try:
+        return subprocess.run([*prefix, *argv], env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+    finally:
+        if not prefix:
+            for path in [directory, *directory.rglob("*")]:
+                path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+def _report(done: subprocess.CompletedProcess) -> dict:
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _files(directory: Path) -> list[tuple[str, int]]:
+    return sorted((str(path.relative_to(directory)), path.stat().st_mtime_ns) for path in directory.rglob("*"))
+
+
+def test_read_only_cache_dir_serves_hits_and_skips_new_entries_with_one_warning(examples_bundle, tmp_path):
+    warm = result(run(tmp_path, str(examples_bundle), "gemm_rowsum"))
+    assert warm["origin"] == "finalized"
+    before = _files(tmp_path)
+    report = _report(_read_only(tmp_path, [sys.executable, "-c", RUN_COUNTING_WORKERS, str(examples_bundle), "gemm_rowsum", "gemm_glu", "mlp"],
+                                {"PORTKERN_CACHE_DIR": str(tmp_path)}))
     assert report["ok"]
-    assert len(report["warnings"]) == 1 and "not usable" in report["warnings"][0]
+    assert report["origins"] == {"gemm_rowsum": "cache", "gemm_glu": "finalized", "mlp": "finalized"}
+    assert report["workers_started"] == 1  # for the two cold kernels; none for the hit
+    assert len(report["warnings"]) == 1, report["warnings"]
+    assert "read-only" in report["warnings"][0] and "not stored" in report["warnings"][0]
+    assert _files(tmp_path) == before
+
+
+def test_read_only_cache_dir_serves_a_hit_with_no_worker_and_no_warning(examples_bundle, tmp_path):
+    result(run(tmp_path, str(examples_bundle), "gemm_bias_relu"))
+    report = _report(_read_only(tmp_path, [sys.executable, "-c", RUN_COUNTING_WORKERS, str(examples_bundle), "gemm_bias_relu"],
+                                {"PORTKERN_CACHE_DIR": str(tmp_path)}))
+    assert report["ok"] and report["origins"] == {"gemm_bias_relu": "cache"}
+    assert report["workers_started"] == 0 and report["warnings"] == []
+
+
+def test_a_read_only_then_a_writable_cache_dir(examples_bundle, tmp_path):
+    image, local = tmp_path / "image", tmp_path / "local"
+    image.mkdir()
+    result(run(image, str(examples_bundle), "gemm_rowsum"))
+    both = {"PORTKERN_CACHE_DIR": f"{image}{os.pathsep}{local}"}
+    kernels = [sys.executable, "-c", RUN_COUNTING_WORKERS, str(examples_bundle), "gemm_rowsum", "gemm_glu"]
+    report = _report(_read_only(image, kernels, both))
+    assert report["ok"] and report["origins"] == {"gemm_rowsum": "cache", "gemm_glu": "finalized"}
+    assert report["warnings"] == []
+    assert [e.kernel for e in Store(CacheConfig(image / "v1", 1 << 30, False)).entries()] == ["gemm_rowsum"]
+    assert [e.kernel for e in Store(CacheConfig(local / "v1", 1 << 30, False)).entries()] == ["gemm_glu"]
+    again = _report(_read_only(image, kernels, both))
+    assert again["ok"] and again["origins"] == {"gemm_rowsum": "cache", "gemm_glu": "cache"}
+    assert again["workers_started"] == 0
+    cli = [sys.executable, "-m", "portkern"]
+    listed = json.loads(_read_only(image, [*cli, "cache", "ls", "--json"], both).stdout)
+    assert {(e["kernel"], e["directory"]) for e in listed} == {("gemm_rowsum", str(image / "v1")), ("gemm_glu", str(local / "v1"))}
+    stats = json.loads(_read_only(image, [*cli, "cache", "stats", "--json"], both).stdout)
+    assert [(p["directory"], p["state"], p["entries"]) for p in stats["directories"]] == [
+        (str(image / "v1"), "read-only", 1), (str(local / "v1"), "writable", 1)]
+    assert stats["entries"] == 2
+    text = _read_only(image, [*cli, "cache", "ls"], both).stdout
+    assert f"{image / 'v1'} (read-only)" in text and f"{local / 'v1'} (writable)" in text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import warnings
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import portkern
-from portkern.cache.config import CacheConfig, parse_age, parse_size
+from portkern.cache.config import CacheConfig, from_env, parse_age, parse_size
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Store
@@ -204,3 +205,26 @@ def test_stats_per_device(examples_bundle, store):
     assert stats["entries"] == 1 and stats["hits"] == 1 and stats["misses"] == 1
     (device,) = stats["devices"].values()
     assert device["entries"] == 1 and device["hits"] == 1 and device["bytes"] == stats["bytes"] > 0
+
+
+def test_cache_dir_may_list_several_directories(monkeypatch, tmp_path):
+    monkeypatch.setenv("PORTKERN_CACHE_DIR", f"{tmp_path / 'image'}{os.pathsep}{tmp_path / 'local'}{os.pathsep}")
+    config = from_env()
+    assert config.directories == (tmp_path / "image" / "v1", tmp_path / "local" / "v1")
+    assert from_env(str(tmp_path / "one")).directories == (tmp_path / "one" / "v1",)
+
+
+def test_several_directories_are_looked_up_in_order_and_written_to_the_first_writable(tmp_path):
+    first, second = tmp_path / "a", tmp_path / "b"
+    Store(CacheConfig(second, 1 << 30, False)).put("k2", b"two", entry("k2", kernel="second"))
+    Store(CacheConfig(second, 1 << 30, False)).put_record("t", "r", {"from": "second"})
+    both = Store(CacheConfig(first, 1 << 30, False, (second,)))
+    assert both.get("k2")[0] == b"two"
+    assert both.get_record("t", "r") == {"from": "second"}
+    assert both.put("k1", b"one", entry("k1", kernel="first"))
+    assert Store(CacheConfig(first, 1 << 30, False)).get("k1")[0] == b"one"
+    assert Store(CacheConfig(second, 1 << 30, False)).get("k1") is None
+    assert {e.kernel for e in both.entries()} == {"first", "second"}
+    assert (both.directory_of("k1"), both.directory_of("k2")) == (first, second)
+    assert [p["state"] for p in both.places()] == ["writable", "writable"]
+    assert both.stats()["entries"] == 2

@@ -96,8 +96,15 @@ def run_ls(args: argparse.Namespace) -> Report:
     from portkern.cli.build import serves as hosts_served
 
     served = [hosts_served(e.device) for e in entries]
-    data = [{**asdict(e), "serves": text} for e, text in zip(entries, served)]
-    return Report(data, lambda out: out.print(entries_table(f"{store.directory}: {shown}", entries, served)))
+    data = [{**asdict(e), "serves": text, "directory": str(store.directory_of(e.key))} for e, text in zip(entries, served)]
+    return Report(data, lambda out: out.print(entries_table(f"{places_text(store.places())}: {shown}", entries, served)))
+
+
+def places_text(places: list[dict[str, str]]) -> str:
+    """Cache directories in lookup order, each with its state unless it is the one writable directory."""
+    if len(places) == 1 and places[0]["state"] == "writable":
+        return places[0]["directory"]
+    return " + ".join(f"{place['directory']} ({place['state']})" for place in places)
 
 
 def run_show(args: argparse.Namespace) -> Report:
@@ -131,10 +138,13 @@ def run_stats(args: argparse.Namespace) -> Report:
     def render(out):
         looked = stats["hits"] + stats["misses"]
         rate = f" ({100 * stats['hits'] / looked:.0f}% hits)" if looked else ""
-        out.print(f"{stats['directory']}: {stats['entries']} entries, {human_size(stats['bytes'])} of {human_size(stats['max_size'])}, "
+        out.print(f"{places_text(stats['directories'])}: {stats['entries']} entries, {human_size(stats['bytes'])} of {human_size(stats['max_size'])}, "
                   f"{stats['tuning_results']} tuning results, {stats['hits']} hits / {stats['misses']} misses{rate}")
         if stats["remote_hits"] or stats["remote_misses"]:
             out.print(f"remote tier: {stats['remote_hits']} hits / {stats['remote_misses']} misses")
+        if len(stats["directories"]) > 1:
+            rows = [[p["directory"], p["state"], p.get("entries", 0), human_size(p.get("bytes", 0))] for p in stats["directories"]]
+            out.print(table("directories, in lookup order", ["directory", "state", "entries", "size"], rows))
         rows = [[d, v["entries"], human_size(v["bytes"]), v["hits"]] for d, v in sorted(stats["devices"].items())]
         out.print(table("per device", ["device", "entries", "size", "hits"], rows))
 
