@@ -168,7 +168,7 @@ class LoadedBundle(NativeCode):
     def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, "TuneResult | None"]:
         """The perf config to use (stored selection, default, or a fresh tuning result),
         and the tuning result when `tune` asked for one."""
-        if not toolchain_for(record).tunable(record) and tune not in NO_SEARCH:
+        if tune not in NO_SEARCH and not toolchain_for(record).tunable(record):
             raise TuningError(
                 f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned "
                 "(give it a parameter space: `tune: params:` in its manifest entry)"
