@@ -2,13 +2,18 @@
 
     python bench/workers.py [--repeat 3] [--json]
 
-- parallel warm-up: `LoadedBundle.prepare("cpu")` of every example kernel into an empty
-  cache with a fresh pool of 1 and of 2 workers (worker start-up included); ratio 1/2.
+- parallel warm-up: `LoadedBundle.prepare("cpu")` of a bundle of --warm-kernels kernels (the
+  five examples plus GEMM+bias+ReLU kernels of seeded, varied sizes) into an empty cache with a
+  fresh pool of 1 and of 2 workers (worker start-up included); ratio 1/2. With only the five
+  example kernels, two workers need three rounds of compiles against five, so 5/3 = 1.67x
+  would be the ceiling whatever the pool does; with 16 kernels it is 2x.
 - warm time per further kernel: in one process whose cache holds every kernel, the time of
   `bundle.kernel(name)` for each kernel after the first (the first pays one-time costs).
-- cold finalisation through a worker vs in this process: per kernel, a worker that is
-  already up (warmed on another kernel) finalising it into an empty cache, against
-  `jit.finalize.finalize` in this process; ratio worker/in-process.
+- cold finalisation through a worker vs in this process: per kernel, `obtain` (cache miss,
+  lock, a job on the pool's worker, check, store) into an empty cache, against
+  `jit.finalize.finalize` in this process. Both sides are warmed alike first (the worker and
+  this process each finalise every kernel once), so the ratio measures the route through a
+  worker, not which process compiled more before; ratio worker/in-process.
 - the compile-time bound: a module whose compile takes tens of seconds, with
   PORTKERN_COMPILE_TIMEOUT=2 and a worker up: seconds until `kernel()` raises FinalizeError.
 
@@ -20,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -39,6 +46,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fuzzing import slow_module  # noqa: E402
 
 
+#: The example kernels' sources (the warm-up bundle starts with them).
+EXAMPLE_SOURCES = {"gemm_bias_relu": "gemm_bias_relu.mlir", "gemm_glu": "gemm_glu.mlir", "gemm_rowsum": "gemm_rowsum.mlir",
+                   "gemm_transpose_add": "gemm_transpose_add.mlir", "mlp": "mlp.onnx"}
+GEMM = """func.func @{name}(%A: tensor<{m}x{k}xf32>, %B: tensor<{k}x{n}xf32>, %bias: tensor<{n}xf32>) -> tensor<{m}x{n}xf32> {{
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<{m}x{n}xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%empty : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
+  %C = linalg.matmul ins(%A, %B : tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>) outs(%acc : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
+  %out = linalg.generic {{indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>, affine_map<(i, j) -> (i, j)>],
+                         iterator_types = ["parallel", "parallel"]}}
+      ins(%C, %bias : tensor<{m}x{n}xf32>, tensor<{n}xf32>) outs(%empty : tensor<{m}x{n}xf32>) {{
+  ^bb0(%c: f32, %b: f32, %unused: f32):
+    %sum = arith.addf %c, %b : f32
+    %relu = arith.maximumf %sum, %zero : f32
+    linalg.yield %relu : f32
+  }} -> tensor<{m}x{n}xf32>
+  return %out : tensor<{m}x{n}xf32>
+}}
+"""
+
+
 def fresh_store(root: Path) -> Store:
     return Store(CacheConfig(Path(tempfile.mkdtemp(dir=root)), 1 << 32, False))
 
@@ -53,6 +81,24 @@ def warm_up(path: Path, root: Path, workers: int) -> float:
         elapsed = time.perf_counter() - start
     assert all(n.origin == "finalized" for n in prepared.values()), prepared
     return elapsed
+
+
+def warm_up_bundle(root: Path, kernels: int, seed: int = 0) -> Path:
+    """A bundle of the example kernels plus GEMM+bias+ReLU kernels of varied sizes, `kernels` in all."""
+    where = root / "warm-up"
+    where.mkdir()
+    lines = ["bundle: warm-up", "kernels:"]
+    for name, source in ((n, MANIFEST.parent / s) for n, s in EXAMPLE_SOURCES.items()):
+        shutil.copy(source, where / source.name)
+        lines += [f"  - name: {name}", f"    source: {source.name}"]
+    rng = random.Random(seed)
+    for i in range(max(0, kernels - len(EXAMPLE_SOURCES))):
+        m, k, n = (rng.choice((64, 128, 192, 256, 384)) for _ in range(3))
+        (where / f"gemm_{i}.mlir").write_text(GEMM.format(name=f"gemm_{i}", m=m, k=k, n=n))
+        lines += [f"  - name: gemm_{i}", f"    source: gemm_{i}.mlir"]
+    (where / "manifest.yaml").write_text("\n".join(lines) + "\n")
+    build_file(where / "manifest.yaml", root / "warm-up.pkb")
+    return root / "warm-up.pkb"
 
 
 def warm_kernel_times(path: Path, root: Path) -> dict[str, float]:
@@ -71,23 +117,33 @@ def warm_kernel_times(path: Path, root: Path) -> dict[str, float]:
     return times
 
 
-def cold_pair(path: Path, root: Path, name: str, other: str) -> tuple[float, float]:
-    """(through a worker that is up, in this process) seconds to finalise `name`."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cold_pair(path: Path, root: Path, pool: Pool, name: str) -> tuple[float, float, float, float]:
+    """(through the pool's worker, in this process) seconds to finalise `name` into an empty
+    cache: wall time, then CPU time (worker and this process together for the first)."""
     target = devices.resolve("cpu")
-    with Pool(workers=1) as pool:
-        bundle = portkern.load(path, store=fresh_store(root))
-        bundle._pool = pool
-        bundle.kernel(other)  # the worker is up, with its compiler session for this target
-        plan = bundle.plan(bundle.record(name), target)
-        start = time.perf_counter()
-        native = bundle.obtain(plan)
-        worker_s = time.perf_counter() - start
-    assert native.origin == "finalized"
-    record = bundle.record(name)
-    finalize.compiler_for(target)  # the in-process side also has its session already
+    bundle = portkern.load(path, store=fresh_store(root))
+    bundle._pool = pool
+    plan = bundle.plan(bundle.record(name), target)
+    pids = pool.pids
+    worker_cpu = sum(cpu_seconds(pid) for pid in pids) + time.process_time()
     start = time.perf_counter()
-    finalize.finalize(bundle.bundle, record, target)
-    return worker_s, time.perf_counter() - start
+    native = bundle.obtain(plan)
+    worker_s = time.perf_counter() - start
+    worker_cpu = sum(cpu_seconds(pid) for pid in pids) + time.process_time() - worker_cpu
+    assert native.origin == "finalized" and (not pids or pool.pids == pids)  # no worker replaced mid-measure
+    local_cpu = time.process_time()
+    start = time.perf_counter()
+    finalize.finalize(bundle.bundle, bundle.record(name), target)
+    return worker_s, time.perf_counter() - start, worker_cpu, time.process_time() - local_cpu
 
 
 def past_the_bound(path: Path, root: Path, bound_s: float = 2.0) -> float:
@@ -121,29 +177,36 @@ def past_the_bound(path: Path, root: Path, bound_s: float = 2.0) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--warm-kernels", type=int, default=16, help="kernels in the warm-up bundle (at least the 5 examples)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="portkern-bench-workers-"))
     path = root / "examples.pkb"
     build_file(MANIFEST, path)
     names = portkern.load(path, store=fresh_store(root)).names()
+    warm_path = warm_up_bundle(root, args.warm_kernels)
+    warm_count = len(portkern.load(warm_path, store=fresh_store(root)).names())
+    cold_pool = Pool(workers=1)
+    for name in names:  # both sides warmed alike: each finalises every kernel once
+        cold_pair(path, root, cold_pool, name)
 
     warm = {1: [], 2: []}
     further: dict[str, list[float]] = {}
-    cold: dict[str, dict[str, list[float]]] = {n: {"worker": [], "in_process": []} for n in names}
+    cold: dict[str, dict[str, list[float]]] = {n: {"worker": [], "in_process": [], "worker_cpu": [], "in_process_cpu": []} for n in names}
     for _ in range(args.repeat):
         for workers in (1, 2):
-            warm[workers].append(warm_up(path, root, workers))
+            warm[workers].append(warm_up(warm_path, root, workers))
         for name, seconds in warm_kernel_times(path, root).items():
             further.setdefault(name, []).append(seconds)
-        for i, name in enumerate(names):
-            worker_s, local_s = cold_pair(path, root, name, names[i - 1])
-            cold[name]["worker"].append(worker_s)
-            cold[name]["in_process"].append(local_s)
+        for name in names:
+            for column, value in zip(("worker", "in_process", "worker_cpu", "in_process_cpu"), cold_pair(path, root, cold_pool, name)):
+                cold[name][column].append(value)
 
+    cold_pool.close()
     med = statistics.median
     result = {
         "kernels": len(names),
+        "warm_up_kernels": warm_count,
         "warm_up_1_worker_s": med(warm[1]),
         "warm_up_2_workers_s": med(warm[2]),
         "warm_up_speedup": med(warm[1]) / med(warm[2]),
@@ -151,16 +214,20 @@ def main() -> int:
         "warm_kernel_median_ms": med([med(v) for v in further.values()]) * 1e3,
         "cold_worker_s": {n: med(v["worker"]) for n, v in cold.items()},
         "cold_in_process_s": {n: med(v["in_process"]) for n, v in cold.items()},
+        "cold_worker_cpu_s": {n: med(v["worker_cpu"]) for n, v in cold.items()},
+        "cold_in_process_cpu_s": {n: med(v["in_process_cpu"]) for n, v in cold.items()},
     }
     result["bound_s"] = 2.0
     result["bound_to_error_s"] = med([past_the_bound(path, root) for _ in range(args.repeat)])
     total_worker = sum(result["cold_worker_s"].values())
     total_local = sum(result["cold_in_process_s"].values())
     result["cold_worker_over_in_process"] = total_worker / total_local
+    cpu_worker, cpu_local = sum(result["cold_worker_cpu_s"].values()), sum(result["cold_in_process_cpu_s"].values())
+    result["cold_worker_over_in_process_cpu"] = cpu_worker / cpu_local if cpu_local else None
     if args.json:
         print(json.dumps(result, indent=2))
         return 0
-    print(f"parallel warm-up of {len(names)} example kernels (fresh pool, start-up included):")
+    print(f"parallel warm-up of {warm_count} kernels (5 examples + GEMMs of varied sizes; fresh pool, start-up included):")
     print(f"  1 worker {result['warm_up_1_worker_s']:.2f} s, 2 workers {result['warm_up_2_workers_s']:.2f} s: {result['warm_up_speedup']:.2f}x")
     print(f"warm kernel() per further kernel: median {result['warm_kernel_median_ms']:.2f} ms "
           f"({', '.join(f'{n} {v:.2f}' for n, v in result['warm_kernel_ms'].items())})")
@@ -168,6 +235,9 @@ def main() -> int:
     for name in names:
         print(f"  {name:20s} {result['cold_worker_s'][name]:.3f} s vs {result['cold_in_process_s'][name]:.3f} s")
     print(f"  all kernels: {total_worker:.2f} s vs {total_local:.2f} s: worker/in-process {result['cold_worker_over_in_process']:.3f}")
+    if result["cold_worker_over_in_process_cpu"] is not None:
+        print(f"  CPU time (worker + this process vs this process): {cpu_worker:.2f} s vs {cpu_local:.2f} s: "
+              f"{result['cold_worker_over_in_process_cpu']:.3f}")
     print(f"compile past PORTKERN_COMPILE_TIMEOUT={result['bound_s']:g}: FinalizeError after {result['bound_to_error_s']:.2f} s")
     return 0
 

@@ -1,10 +1,14 @@
 """Running native IREE code (vmfb) on NumPy arrays, from any thread and in forked children.
 
 Threads: the runtime releases the GIL while a call runs. On `local-task` a lone
-call runs on the process's task executor (one worker per core). While calls
-overlap (and for `OVERLAP_WINDOW_S` after), and for a kernel that takes under
-`SMALL_CALL_S`, calls run on the calling thread (`local-sync`) instead: concurrent
-callers then each keep a core busy rather than queue on, or preempt, the executor.
+call runs on the process's task executor (one worker per core) when that pays: the
+kernel takes `SMALL_CALL_S` or more on the calling thread, and its first lone calls
+on the executor ran at least `EXECUTOR_GAIN` times faster than on the calling thread
+(spreading a call over cores costs CPU time: a 1 ms GEMM took 1.8 ms of CPU on two
+executor workers against 1.0 ms inline). Otherwise, and always while calls overlap
+(and for `OVERLAP_WINDOW_S` after), calls run on the calling thread (`local-sync`):
+concurrent callers then each keep a core busy rather than queue on, or preempt, the
+executor.
 
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
@@ -30,6 +34,10 @@ INLINE = {"local-task": "local-sync"}
 SMALL_CALL_S = 2e-4
 #: Inline calls timed before a kernel is judged small or not.
 INLINE_PROBES = 3
+#: Lone calls timed on the task executor (after the inline probes) before it is chosen or not.
+EXECUTOR_PROBES = 3
+#: Lone calls use the task executor only when it runs them this many times faster than inline.
+EXECUTOR_GAIN = 1.25
 #: After two calls overlapped, every call runs inline for this long.
 OVERLAP_WINDOW_S = 0.1
 #: Drivers started afresh in a forked child; others (GPU drivers) do not survive fork.
@@ -135,6 +143,8 @@ class Executable:
         self._loaded: dict[str, _Loaded] = {}
         self._inline_s = float("inf")
         self._inline_probes = 0
+        self._executor_s = float("inf")
+        self._executor_probes = 0
         self._load(driver)
 
     def _load(self, driver: str) -> _Loaded:
@@ -172,7 +182,7 @@ class Executable:
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
     def _run(self, arrays):
-        """Run NumPy arrays on the task executor when the call is alone and worth it, else inline."""
+        """Run NumPy arrays on the task executor when the call is alone and that pays, else inline."""
         inline = INLINE.get(self.driver)
         if inline is None:
             return self.invoke(*arrays)
@@ -180,7 +190,14 @@ class Executable:
         alone = traffic.enter()
         try:
             if alone and self._inline_probes >= INLINE_PROBES and self._inline_s >= SMALL_CALL_S:
-                return self.invoke(*arrays)
+                if self._executor_probes < EXECUTOR_PROBES:
+                    start = time.perf_counter()
+                    results = self.invoke(*arrays)
+                    self._executor_s = min(self._executor_s, time.perf_counter() - start)
+                    self._executor_probes += 1
+                    return results
+                if self._executor_s * EXECUTOR_GAIN <= self._inline_s:
+                    return self.invoke(*arrays)
             start = time.perf_counter()
             results = self._invoke(self._load(inline), arrays)
             if self._inline_probes < INLINE_PROBES:

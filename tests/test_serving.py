@@ -141,3 +141,21 @@ def test_opencl_after_fork_raises_fork_error_and_parent_keeps_working(opencl_exa
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["child: ForkError True", "child: ForkError True", "scratch kept: True", "parent: finalized"]
+
+
+@pytest.mark.parametrize(("executor_ms", "on_executor"), [(0.9, False), (0.5, True)])
+def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served, monkeypatch, executor_ms, on_executor):
+    """After the probes, a lone call goes to the task executor only when its probes ran
+    `EXECUTOR_GAIN` times faster than inline (here inline took 1 ms)."""
+    kernel = served.kernel("gemm_bias_relu")
+    executable = kernel._executable
+    monkeypatch.setattr(executable, "_inline_probes", runtime.INLINE_PROBES)
+    monkeypatch.setattr(executable, "_inline_s", 1e-3)
+    monkeypatch.setattr(executable, "_executor_probes", runtime.EXECUTOR_PROBES)
+    monkeypatch.setattr(executable, "_executor_s", executor_ms * 1e-3)
+    monkeypatch.setattr(runtime, "OVERLAP_WINDOW_S", 0.0)
+    used: list[str] = []
+    invoke = executable.invoke
+    monkeypatch.setattr(executable, "invoke", lambda *arrays: used.append("executor") or invoke(*arrays))
+    assert _check_calls(kernel, 3, calls=2) == ""
+    assert used == (["executor"] * 2 if on_executor else [])
