@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import shutil
 import statistics
 import sys
@@ -44,27 +43,12 @@ from portkern.portable.builder import build_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fuzzing import slow_module  # noqa: E402
+from gemms import manifest_lines, write_gemms  # noqa: E402
 
 
 #: The example kernels' sources (the warm-up bundle starts with them).
 EXAMPLE_SOURCES = {"gemm_bias_relu": "gemm_bias_relu.mlir", "gemm_glu": "gemm_glu.mlir", "gemm_rowsum": "gemm_rowsum.mlir",
                    "gemm_transpose_add": "gemm_transpose_add.mlir", "mlp": "mlp.onnx"}
-GEMM = """func.func @{name}(%A: tensor<{m}x{k}xf32>, %B: tensor<{k}x{n}xf32>, %bias: tensor<{n}xf32>) -> tensor<{m}x{n}xf32> {{
-  %zero = arith.constant 0.0 : f32
-  %empty = tensor.empty() : tensor<{m}x{n}xf32>
-  %acc = linalg.fill ins(%zero : f32) outs(%empty : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
-  %C = linalg.matmul ins(%A, %B : tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>) outs(%acc : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>
-  %out = linalg.generic {{indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (j)>, affine_map<(i, j) -> (i, j)>],
-                         iterator_types = ["parallel", "parallel"]}}
-      ins(%C, %bias : tensor<{m}x{n}xf32>, tensor<{n}xf32>) outs(%empty : tensor<{m}x{n}xf32>) {{
-  ^bb0(%c: f32, %b: f32, %unused: f32):
-    %sum = arith.addf %c, %b : f32
-    %relu = arith.maximumf %sum, %zero : f32
-    linalg.yield %relu : f32
-  }} -> tensor<{m}x{n}xf32>
-  return %out : tensor<{m}x{n}xf32>
-}}
-"""
 
 
 def fresh_store(root: Path) -> Store:
@@ -91,11 +75,7 @@ def warm_up_bundle(root: Path, kernels: int, seed: int = 0) -> Path:
     for name, source in ((n, MANIFEST.parent / s) for n, s in EXAMPLE_SOURCES.items()):
         shutil.copy(source, where / source.name)
         lines += [f"  - name: {name}", f"    source: {source.name}"]
-    rng = random.Random(seed)
-    for i in range(max(0, kernels - len(EXAMPLE_SOURCES))):
-        m, k, n = (rng.choice((64, 128, 192, 256, 384)) for _ in range(3))
-        (where / f"gemm_{i}.mlir").write_text(GEMM.format(name=f"gemm_{i}", m=m, k=k, n=n))
-        lines += [f"  - name: gemm_{i}", f"    source: gemm_{i}.mlir"]
+    lines += manifest_lines(write_gemms(where, max(0, kernels - len(EXAMPLE_SOURCES)), seed))
     (where / "manifest.yaml").write_text("\n".join(lines) + "\n")
     build_file(where / "manifest.yaml", root / "warm-up.pkb")
     return root / "warm-up.pkb"

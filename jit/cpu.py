@@ -143,6 +143,12 @@ def serving_order(host_cpu: DeviceFingerprint, built_for: Iterable[DeviceFingerp
     return sorted(runs, key=lambda fp: (fp != host_cpu, -len(enabled_features(fp.features)), fp.arch))
 
 
+def is_baseline(code: DeviceFingerprint, host_cpu: DeviceFingerprint) -> bool:
+    """Whether code built for `code` is baseline code on `host_cpu`: for another CPU model or an
+    ISA level (e.g. x86-64-v3) whose every feature that CPU has."""
+    return code.kind == KIND and code.arch != host_cpu.arch and can_run(code, host_cpu)
+
+
 def serves(code: DeviceFingerprint, store: Store | None = None) -> str:
     """Which hosts native code built for `code` is served to, in words, and whether this one is."""
     if code.kind != KIND:

@@ -13,7 +13,7 @@ from portkern import schemas, signing
 from portkern.cache.keys import validated_key
 from portkern.cache.store import UNUSABLE, CacheWarning, Store, default_store
 from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError
-from portkern.jit import buckets, devices
+from portkern.jit import background, buckets, devices
 from portkern.jit.args import check_arguments
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
@@ -116,6 +116,8 @@ class LoadedBundle(NativeCode):
             self._set_aside(record, target, config, exc)
             tuning, plan = None, self.plan(record, target)
             native = self.obtain(plan)
+        if native.origin == "baseline" and not background.enabled():
+            native = self.obtain(plan, baselines=False)
         if tuning is not None and tuning.source == "search":
             native = replace(native, origin="tuned")
         try:
@@ -129,7 +131,10 @@ class LoadedBundle(NativeCode):
                 self.store.remote.reject_native(native.key, f"does not load: {exc}")
             native = self.obtain(plan)
             executable = self._executable(record, target, native)
-        return Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets)
+        kernel = Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets)
+        if native.origin == "baseline":
+            kernel._specialise(self, plan)
+        return kernel
 
     def _bucket_table(self, record: KernelRecord, target: Target) -> dict:
         """The tuned buckets' code of a kernel with dynamic dimensions (empty when none is tuned)."""
@@ -149,8 +154,9 @@ class LoadedBundle(NativeCode):
     ) -> dict[str, Native | PortkernError]:
         """Warm up: native code for the bundle's kernels (default: all) on a device, the cold
         ones finalised concurrently on up to `workers` worker processes (default: one per
-        core). The device need not be on this machine (code is built for it ahead of time).
-        A kernel that fails holds its typed error; the others are still prepared.
+        core); never baseline code: warming up builds the exact code. The device need not be
+        on this machine (code is built for it ahead of time). A kernel that fails holds its
+        typed error; the others are still prepared.
         `tune` as for `kernel` (kernels are tuned one after another first)."""
         target = devices.resolve(device, self.store)
         records = [self.record(name) for name in (kernels if kernels is not None else self.names())]
@@ -161,7 +167,7 @@ class LoadedBundle(NativeCode):
                 plans.append(self.plan(record, target, self.config_for(record, target, tune)[0]))
             except PortkernError as exc:
                 outcomes[record.name] = exc
-        for plan, outcome in zip(plans, self.obtain_many(plans, workers, progress)):
+        for plan, outcome in zip(plans, self.obtain_many(plans, workers, progress, baselines=False)):
             outcomes[plan.name] = outcome
         return {record.name: outcomes[record.name] for record in records}
 
@@ -209,14 +215,48 @@ class Kernel:
     ) -> None:
         self.record = record
         self.target = target
-        self.native = native
-        self._executable = executable
+        self._code: tuple[Native, object] = (native, executable)
         #: The tuning result, when `kernel(..., tune=...)` asked for one.
         self.tuning = tuning
         #: Bucket label -> the bucket's tuned code (kernels with dynamic dimensions).
         self.buckets: dict = table or {}
         #: Per shape, what `kernel(..., shapes=[...])` found (tuner.buckets.BucketResult).
         self.bucket_tuning = bucket_tuning or []
+        #: The exact code being built while baseline code serves (None when there is none).
+        self.specialisation: background.Specialisation | None = None
+
+    def _specialise(self, bundle: "LoadedBundle", plan) -> None:
+        """Build the exact code for `plan` in the background and switch to it when it is ready."""
+
+        def build():
+            native = bundle.obtain(plan, baselines=False)
+            return native, bundle._executable(self.record, self.target, native)
+
+        def install(built) -> None:
+            # One assignment swaps both: a call reads `_code` once and runs what it read.
+            self._code = built
+
+        self.specialisation = background.Specialisation(self.name, bundle.pool, build, install)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the exact code being built in the background (origin "baseline" until then).
+        True when the kernel runs its final code: at once if nothing is pending; False on
+        timeout, in a forked child of the process that started it, or when it failed (the
+        kernel keeps its baseline; `specialisation.error` says why)."""
+        job = self.specialisation
+        if job is None:
+            return True
+        return job.wait(timeout) and job.error is None
+
+    @property
+    def native(self) -> Native:
+        """The native code calls run now."""
+        return self._code[0]
+
+    @property
+    def executable(self):
+        """The loaded code calls run now."""
+        return self._code[1]
 
     @property
     def name(self) -> str:
@@ -240,7 +280,7 @@ class Kernel:
 
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         arrays = check_arguments(self.name, self.signature, args)
-        executable = self._executable
+        executable = self._code[1]
         if self.buckets:
             _, _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])
             executable = code[1] if code is not None else executable

@@ -39,7 +39,9 @@ class Native:
     data: bytes
     key: str
     config: str
-    #: "cache", "remote" (the fleet's remote tier), "prebuilt", "finalized", or "tuned" (searched for in this call).
+    #: "cache", "remote" (the fleet's remote tier), "prebuilt", "finalized", "tuned" (searched for in
+    #: this call), or "baseline" (code built for a CPU model or ISA level below this host's, e.g.
+    #: `cpu:x86-64-v3`: it runs here, and the exact code can be built in the background).
     origin: str
     finalize_s: float = 0.0
     #: The device the code was built for (a named CPU's label when it serves this host's CPU).
@@ -137,18 +139,19 @@ class NativeCode:
         """Native code from the cache, the bundle's prebuilt slices, or a worker's finalisation."""
         return self.obtain(self.plan(record, target, config))
 
-    def obtain(self, plan: Plan) -> Native:
-        """Native code for a plan; a typed error if it cannot be had."""
-        (outcome,) = self.obtain_many([plan], workers=1)
+    def obtain(self, plan: Plan, baselines: bool = True) -> Native:
+        """Native code for a plan; a typed error if it cannot be had. `baselines=False`: never
+        code built for another CPU model (the exact code, compiled if need be)."""
+        (outcome,) = self.obtain_many([plan], workers=1, baselines=baselines)
         if isinstance(outcome, PortkernError):
             raise outcome
         return outcome
 
     def obtain_many(
-        self, plans: Sequence[Plan], workers: int | None = None, progress: Progress | None = None
+        self, plans: Sequence[Plan], workers: int | None = None, progress: Progress | None = None, baselines: bool = True
     ) -> list[Native | PortkernError]:
         """Native code for every plan, the cold ones compiled concurrently on up to `workers`
-        workers; a failed kernel's place holds its typed error instead."""
+        workers; a failed kernel's place holds its typed error instead. `baselines` as for `obtain`."""
         outcomes: list[Native | PortkernError | None] = [self.cached(plan) or self._from_remote(plan, count=True) for plan in plans]
         done = sum(o is not None for o in outcomes)
         if progress is not None and done:
@@ -161,7 +164,8 @@ class NativeCode:
                 plan = plans[index]
                 locks.enter_context(self.store.lock(hex_key))
                 fleet_wide = locks.enter_context(remote.lock(hex_key)) if remote is not None else False
-                outcome = self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan) or self._named_cpu(plan)
+                outcome = (self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan)
+                           or self._named_cpu(plan, baselines))
                 if outcome is None:
                     try:
                         jobs[index] = (self._job(index, plan), plan)
@@ -298,9 +302,11 @@ class NativeCode:
                 warnings.warn(f"prebuilt {artifact.target} code of {plan.name!r} ignored: {problem}")
         return None
 
-    def _named_cpu(self, plan: Plan) -> Native | None:
+    def _named_cpu(self, plan: Plan, baselines: bool = True) -> Native | None:
         """Code built for a named CPU whose every feature this host has, from the cache or the
-        bundle's prebuilt slices, most specific CPU first; only for this host's own CPU."""
+        bundle's prebuilt slices, most specific CPU first; only for this host's own CPU. Code for
+        another CPU model (an ISA level such as x86-64-v3, an older CPU) is a "baseline", and
+        only taken when `baselines`."""
         target = plan.target
         if target.fingerprint.kind != cpu.KIND or target.fingerprint != cpu.host(self.store):
             return None
@@ -311,12 +317,16 @@ class NativeCode:
             if e.kernel_digest == plan.kernel and e.config == plan.config
         }
         for fingerprint in cpu.serving_order(target.fingerprint, {*slices, *cached}):
+            baseline = cpu.is_baseline(fingerprint, target.fingerprint)
+            if baseline and not baselines:
+                continue
             named = self.plan(plan.record, replace(target, fingerprint=fingerprint, flags=cpu.flags(fingerprint)), plan.config)
             hit = self.store.get(named.hex)
             if hit is not None:
-                return Native(hit[0], named.hex, plan.config, "cache", hit[1].finalize_s, named.target.label)
+                return Native(hit[0], named.hex, plan.config, "baseline" if baseline else "cache", hit[1].finalize_s, named.target.label)
             if fingerprint in slices:
-                native = Native(self.bundle.blob(slices[fingerprint].blob), named.hex, plan.config, "prebuilt", 0.0, named.target.label)
+                origin = "baseline" if baseline else "prebuilt"
+                native = Native(self.bundle.blob(slices[fingerprint].blob), named.hex, plan.config, origin, 0.0, named.target.label)
                 self.store.put(named.hex, native.data, self.entry(named, native))
                 return native
         return None

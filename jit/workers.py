@@ -26,6 +26,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -248,8 +249,10 @@ class Pool:
         self._start_failures = 0
         self._lock = threading.RLock()
         self._pid = os.getpid()
+        self._stopping = False
         #: Workers started so far (replacements included).
         self.spawned = 0
+        _pools.add(self)
 
     def __enter__(self) -> "Pool":
         return self
@@ -265,11 +268,29 @@ class Pool:
     def close(self) -> None:
         """Stop every worker (a later `run` starts fresh ones)."""
         with self._lock:
+            self._stopping = False
             for worker in self._workers:
                 worker.stop()
             self._workers = []
 
+    def stop_now(self) -> None:
+        """Kill the workers without waiting for the jobs in hand (which end as "stopped") and
+        start none until `close`; for the process's exit while a job is in hand elsewhere."""
+        self._stopping = True
+        for worker in list(self._workers):
+            try:
+                worker.process.kill()
+            except OSError:
+                pass
+
+    def _forked(self) -> None:
+        """In a forked child: the workers and a lock a parent's thread may hold are the parent's."""
+        self._lock = threading.RLock()
+        self._workers, self._pid, self._stopping = [], os.getpid(), False
+
     def _spawn(self) -> None:
+        if self._stopping:
+            return
         self._workers.append(_Worker())
         self.spawned += 1
 
@@ -312,6 +333,10 @@ class Pool:
                 on_result(job, result)
 
         while todo or any(w.job for w in self._workers):
+            if self._stopping and not any(w.job for w in self._workers):
+                for job in todo:
+                    results[job.id] = Result(id=job.id, status="stopped", error="the process is exiting; the job was not run")
+                break
             for worker in list(self._workers):
                 if worker.ready and worker.job is None and worker.done >= RECYCLE_AFTER:
                     self._replace(worker, kill=False)
@@ -407,6 +432,17 @@ def default_workers() -> int:
 
 _shared: Pool | None = None
 _shared_lock = threading.Lock()
+_pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    for pool in list(_pools):
+        pool._forked()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_pool() -> Pool:

@@ -103,7 +103,7 @@ def test_small_kernel_runs_inline_and_large_one_on_task_executor(served):
     for name, small in (("mlp", True), ("gemm_bias_relu", False)):
         kernel = served.kernel(name)
         assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
-        measured = kernel._executable._inline_s
+        measured = kernel.executable._inline_s
         assert (measured < runtime.SMALL_CALL_S) is small, f"{name}: {measured * 1e3:.3f} ms inline"
 
 
@@ -148,7 +148,7 @@ def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served,
     """After the probes, a lone call goes to the task executor only when its probes ran
     `EXECUTOR_GAIN` times faster than inline (here inline took 1 ms)."""
     kernel = served.kernel("gemm_bias_relu")
-    executable = kernel._executable
+    executable = kernel.executable
     monkeypatch.setattr(executable, "_inline_probes", runtime.INLINE_PROBES)
     monkeypatch.setattr(executable, "_inline_s", 1e-3)
     monkeypatch.setattr(executable, "_executor_probes", runtime.EXECUTOR_PROBES)

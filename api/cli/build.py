@@ -104,6 +104,17 @@ def serves(device: dict) -> str:
     return hosts_served(DeviceFingerprint.from_dict(device))
 
 
+def code_kind(device: dict, config: str) -> str:
+    """What a cache entry's code is here: "tuned" (a tuned config), "baseline" (built for a CPU
+    model or ISA level below this host's) or "finalized"."""
+    from portkern.cache.device import DeviceFingerprint
+    from portkern.jit import cpu
+
+    if config != "default":
+        return "tuned"
+    return "baseline" if cpu.is_baseline(DeviceFingerprint.from_dict(device), cpu.host()) else "finalized"
+
+
 def describe(path: Path) -> Report:
     """A bundle's kernels, stages, native slices, producers, digest and signature."""
     from portkern.portable.bundle import decode_file, read_bundle_bytes

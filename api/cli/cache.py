@@ -70,8 +70,9 @@ def register(sub) -> None:
     )
 
 
-def entries_table(title: str, entries: list, serves: list[str] | None = None):
-    """The `cache ls` table of cache entries (with which hosts each serves, when given)."""
+def entries_table(title: str, entries: list, serves: list[str] | None = None, kinds: list[str] | None = None):
+    """The `cache ls` table of cache entries (with which hosts each serves and what its code is
+    here, when given)."""
     now = time.time()
     rows = [
         [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now),
@@ -79,6 +80,9 @@ def entries_table(title: str, entries: list, serves: list[str] | None = None):
         for e in entries
     ]
     columns = ["key", "kernel", "bundle", "device", "config", "size", "age", "used", "hits"]
+    if kinds is not None:
+        rows = [row + [text] for row, text in zip(rows, kinds)]
+        columns.append("code")
     if serves is not None:
         rows = [row + [text] for row, text in zip(rows, serves)]
         columns.append("serves")
@@ -93,11 +97,14 @@ def run_ls(args: argparse.Namespace) -> Report:
     entries = store.entries(where, limit=None if args.all else args.limit)
     total = store.count(where)
     shown = f"{len(entries)} entries" if len(entries) == total else f"the {len(entries)} most recently used of {total} entries (--all for all)"
+    from portkern.cli.build import code_kind
     from portkern.cli.build import serves as hosts_served
 
     served = [hosts_served(e.device) for e in entries]
-    data = [{**asdict(e), "serves": text, "directory": str(store.directory_of(e.key))} for e, text in zip(entries, served)]
-    return Report(data, lambda out: out.print(entries_table(f"{places_text(store.places())}: {shown}", entries, served)))
+    kinds = [code_kind(e.device, e.config) for e in entries]
+    data = [{**asdict(e), "serves": text, "code": kind, "directory": str(store.directory_of(e.key))}
+            for e, text, kind in zip(entries, served, kinds)]
+    return Report(data, lambda out: out.print(entries_table(f"{places_text(store.places())}: {shown}", entries, served, kinds)))
 
 
 def places_text(places: list[dict[str, str]]) -> str:

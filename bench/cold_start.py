@@ -1,0 +1,181 @@
+"""Cold start on a CPU the bundle meets for the first time: ISA-level baseline code at once,
+the exact code built in the background, against compiling from source.
+
+    python bench/cold_start.py [--kernels 4] [--repeat 3] [--calls 50] [--json]
+
+Held-out-like kernels: GEMM+bias+ReLU of seeded sizes that are not among the examples,
+built into one bundle with `--prebuild cpu:x86-64-v2,cpu:x86-64-v3,cpu:x86-64-v4`.
+Every measurement runs in a fresh process with a fresh cache directory; libraries are
+imported and the host CPU is probed before the clock starts (the probe, once per machine
+and cache, is shown apart, and so is opening the bundle, once per bundle: reading and
+checking it, its schema check memoised in the cache).
+
+- first result, baseline: `bundle.kernel(name)` and its first call, the bundle open (the
+  highest ISA level this CPU has serves; the exact code is then built in the background);
+- first result, from source: the kernel's MLIR compiled for this CPU (a fresh compiler
+  session), loaded, called once;
+- call time of the baseline code and of the exact code after `wait()`, interleaved;
+- exact code after `wait()` against a direct finalisation in the same process (the same
+  bytes are expected; their call times are interleaved too).
+
+Figures are medians over --repeat processes per kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+from gemms import manifest_lines, write_gemms
+
+from portkern.cli.main import main as portkern_main
+
+LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
+
+CHILD = textwrap.dedent(
+    """
+    import json, statistics, sys, time
+    import numpy as np
+    import filelock, iree.compiler.api, iree.runtime, jsonschema  # libraries imported before any clock
+    import portkern
+    import portkern.jit.loader
+    from portkern.jit import cpu, devices, finalize
+    from portkern.jit.runtime import Executable
+    from portkern.portable.compiler import Compiler
+    bundle_path, name, mode, calls = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    m, k, n = map(int, sys.argv[5:8])
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32),
+            rng.standard_normal(n, dtype=np.float32)]
+    reference = np.maximum(args[0].astype(np.float64) @ args[1] + args[2], 0)
+    def ok(out):
+        return bool(np.allclose(out, reference, rtol=1e-4, atol=1e-4))
+    start = time.perf_counter()
+    target = devices.resolve("cpu")
+    probe_s = time.perf_counter() - start
+    def per_call(*functions):
+        times = [[] for _ in functions]
+        for _ in range(calls):
+            for i, f in enumerate(functions):
+                began = time.perf_counter()
+                f()
+                times[i].append(time.perf_counter() - began)
+        return [statistics.median(t) for t in times]
+    report = {"probe_s": probe_s}
+    if mode == "source":
+        source = open(sys.argv[8], "rb").read()
+        start = time.perf_counter()
+        compiler = Compiler(cpu.flags(target.fingerprint))
+        vmfb = compiler.to_vmfb(compiler.parse(source), from_phase="start")
+        out = Executable(vmfb, name)(*args)[0]
+        report.update(first_s=time.perf_counter() - start, ok=ok(out))
+    else:
+        start = time.perf_counter()
+        loaded = portkern.load(bundle_path)
+        report["load_s"] = time.perf_counter() - start
+        start = time.perf_counter()
+        kernel = loaded.kernel(name)
+        out = kernel(*args)
+        report.update(first_s=time.perf_counter() - start, ok=ok(out), origin=kernel.origin, built_for=kernel.native.built_for)
+        baseline = kernel.executable
+        report["waited"] = kernel.wait()
+        report.update(exact_origin=kernel.origin, exact_for=kernel.native.built_for, exact_ok=ok(kernel(*args)))
+        direct = finalize.finalize(loaded.bundle, loaded.record(name), target)
+        report["same_bytes"] = direct == kernel.native.data
+        direct_code = Executable(direct, loaded.record(name).entry)
+        exact = kernel.executable
+        baseline_s, exact_s, direct_s = per_call(lambda: baseline(*args), lambda: exact(*args), lambda: direct_code(*args))
+        report.update(baseline_call_s=baseline_s, exact_call_s=exact_s, direct_call_s=direct_s)
+    print(json.dumps(report))
+    """
+)
+
+
+def child(bundle: Path, name: str, mode: str, calls: int, shape: tuple[int, int, int], source: Path, cache: Path) -> dict:
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(bundle), name, mode, str(calls), *map(str, shape), str(source)],
+        env=env, capture_output=True, text=True, timeout=1200,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} run of {name} failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernels", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--calls", type=int, default=50, help="calls per code when timing calls")
+    parser.add_argument("--seed", type=int, default=7, help="seeds the kernels' sizes (the examples use seed-free fixed sizes)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        print("the ISA-level baselines here are x86-64 ones; nothing to measure on this machine")
+        return 0
+    root = Path(tempfile.mkdtemp(prefix="portkern-bench-cold-"))
+    shapes = write_gemms(root, args.kernels, args.seed)
+    (root / "manifest.yaml").write_text("\n".join(["bundle: held-out", "kernels:", *manifest_lines(shapes)]) + "\n")
+    bundle = root / "held-out.pkb"
+    prebuild = ",".join(f"cpu:{level}" for level in LEVELS)
+    with open(os.devnull, "w") as quiet:
+        stdout, sys.stdout = sys.stdout, quiet
+        try:
+            status = portkern_main(["build", str(root / "manifest.yaml"), "-o", str(bundle), "--prebuild", prebuild, "--json"])
+        finally:
+            sys.stdout = stdout
+    if status != 0:
+        raise SystemExit("building the bundle failed")
+
+    rows = []
+    for name, shape in shapes.items():
+        runs = {"baseline": [], "source": []}
+        for i in range(args.repeat):
+            for mode in ("baseline", "source"):
+                runs[mode].append(child(bundle, name, mode, args.calls, shape, root / f"{name}.mlir", root / f"cache-{name}-{mode}-{i}"))
+        med = lambda mode, field: statistics.median(r[field] for r in runs[mode])  # noqa: E731
+        base = runs["baseline"]
+        row = {
+            "kernel": name, "shape": shape,
+            "served": base[0]["built_for"], "origin": base[0]["origin"], "exact": base[0]["exact_for"],
+            "all_correct": all(r["ok"] for r in runs["source"]) and all(r["ok"] and r["exact_ok"] for r in base),
+            "all_swapped": all(r["waited"] and r["exact_origin"] == "finalized" for r in base),
+            "same_bytes": all(r["same_bytes"] for r in base),
+            "probe_s": med("baseline", "probe_s"), "load_s": med("baseline", "load_s"),
+            "first_baseline_s": med("baseline", "first_s"), "first_source_s": med("source", "first_s"),
+            "baseline_call_ms": med("baseline", "baseline_call_s") * 1e3, "exact_call_ms": med("baseline", "exact_call_s") * 1e3,
+            "direct_call_ms": med("baseline", "direct_call_s") * 1e3,
+        }
+        row["first_ratio"] = row["first_baseline_s"] / row["first_source_s"]
+        row["exact_over_direct"] = row["exact_call_ms"] / row["direct_call_ms"]
+        rows.append(row)
+    if args.json:
+        json.dump({"repeat": args.repeat, "calls": args.calls, "kernels": rows}, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"cold start, fresh process and cache per run, median of {args.repeat}; apart: probe of this CPU "
+          f"{statistics.median(r['probe_s'] for r in rows):.2f} s (once per machine and cache), opening the bundle "
+          f"{statistics.median(r['load_s'] for r in rows) * 1e3:.0f} ms (once per bundle)")
+    print(f"{'kernel':<8} {'MxKxN':<12} {'served':<12} {'first result':>13} {'from source':>12} {'ratio':>6}  "
+          f"{'call: baseline':>14} {'exact':>8} {'direct':>8} {'exact/direct':>12}  checks")
+    for r in rows:
+        checks = ", ".join(
+            text for text, good in (("correct", r["all_correct"]), ("swapped", r["all_swapped"]), ("same bytes as direct", r["same_bytes"]))
+            if good
+        )
+        print(f"{r['kernel']:<8} {'x'.join(map(str, r['shape'])):<12} {r['served']:<12} {r['first_baseline_s'] * 1e3:>10.1f} ms "
+              f"{r['first_source_s'] * 1e3:>9.1f} ms {r['first_ratio']:>6.3f}  {r['baseline_call_ms']:>11.3f} ms {r['exact_call_ms']:>5.3f} ms "
+              f"{r['direct_call_ms']:>5.3f} ms {r['exact_over_direct']:>12.3f}  {checks}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Background specialisation: a kernel served from baseline code gets its exact code later.
+
+When `kernel()` serves code built for an ISA level or an older CPU model (origin
+"baseline"), a `Specialisation` asks the native-code service, on a thread of its own,
+for the code of the exact target: a worker of the one pool compiles it and the cache
+keeps it. When it is ready the kernel switches executables between two calls.
+`PORTKERN_BACKGROUND=0` turns this off (`kernel()` then finalises before it returns).
+
+At exit, pending specialisations are abandoned: the pool's workers are stopped (no
+compiler outlives the process) and the threads end. In a forked child, a parent's
+specialisation is not there: the child's kernel keeps its baseline and `wait` says so.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Callable, Generic, TypeVar
+
+from portkern.cache.config import env_flag
+from portkern.errors import FinalizeError, PortkernError
+from portkern.jit.workers import Pool
+
+ENV = "PORTKERN_BACKGROUND"
+#: Longest the exit waits for abandoned threads once their workers are stopped.
+EXIT_JOIN_S = 5.0
+
+T = TypeVar("T")
+
+
+def enabled() -> bool:
+    """Whether baseline code is served while the exact code is built (`PORTKERN_BACKGROUND`, default on)."""
+    return env_flag(ENV, True)
+
+
+class Specialisation(Generic[T]):
+    """`work()` on a thread of its own, then `install(result)` unless the process is exiting."""
+
+    def __init__(self, name: str, pool: Pool, work: Callable[[], T], install: Callable[[T], None]) -> None:
+        self.name = name
+        #: The typed error that stopped it, if any (the kernel then keeps its baseline).
+        self.error: PortkernError | None = None
+        self._pool = pool
+        self._pid = os.getpid()
+        self._finished = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(work, install), name=f"portkern-specialise-{name}", daemon=True)
+        _watch(self)
+        self._thread.start()
+
+    def _run(self, work: Callable[[], T], install: Callable[[T], None]) -> None:
+        try:
+            result = work()
+            if not _exiting.is_set():
+                install(result)
+        except PortkernError as exc:
+            self.error = exc
+        except Exception as exc:  # noqa: BLE001 - nothing escapes a background thread
+            self.error = FinalizeError(f"background finalisation of {self.name!r} failed: {type(exc).__name__}: {exc}")
+        finally:
+            self._finished.set()
+            with _lock:
+                _pending.discard(self)
+
+    @property
+    def done(self) -> bool:
+        """Finished (installed, or failed with `error`) in this process."""
+        return self._pid == os.getpid() and self._finished.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until it has finished; False on timeout, and at once in a forked child."""
+        if self._pid != os.getpid():
+            return False
+        return self._finished.wait(timeout)
+
+
+_lock = threading.Lock()
+_pending: set[Specialisation] = set()
+_exiting = threading.Event()
+
+
+def _watch(job: Specialisation) -> None:
+    with _lock:
+        _pending.add(job)
+    # Registered (again) after the job's pool registered its own exit handler, so it runs before it.
+    atexit.unregister(_abandon)
+    atexit.register(_abandon)
+
+
+def _abandon() -> None:
+    """At exit: stop the workers of pending specialisations and let their threads end."""
+    with _lock:
+        pending = [job for job in _pending if job._pid == os.getpid()]
+    if not pending:
+        return
+    _exiting.set()
+    for pool in {id(job._pool): job._pool for job in pending}.values():
+        pool.stop_now()
+    for job in pending:
+        job._thread.join(EXIT_JOIN_S)
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _pending.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
