@@ -130,7 +130,7 @@ def test_memory_sizes_take_suffixes(monkeypatch):
 def test_errors_keep_their_type_through_the_worker(examples_bundle, store, pool):
     bundle = loaded_with(pool, examples_bundle, store)
     with pytest.raises(PerfConfigError, match="needs a cpu config"):
-        bundle.native(bundle.record("gemm_bias_relu"), devices.resolve("cpu", store), "0=amdgpu:v1:64x128x0,2x4x0,0x0x16,none,256x1x1,64,2,0")
+        bundle.native(bundle.record("gemm_bias_relu"), devices.resolve("cpu", store), "0=amdgpu:v2:64x128x0,2x4x0,0x0x0,0x0x16,none,256x1x1,64,2,0")
 
 
 def test_shape_buckets_are_specialised_in_a_worker_not_here(tmp_path, store, pool, request):

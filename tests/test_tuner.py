@@ -158,7 +158,7 @@ def test_compile_config_builds_correct_code(examples_bundle, store, rng, name, c
 
 
 @pytest.mark.parametrize("config, message", [
-    ("0=amdgpu:v1:64x128x0,2x4x0,0x0x16,none,256x1x1,64,2,0", "needs a cpu config"),
+    ("0=amdgpu:v2:64x128x0,2x4x0,0x0x0,0x0x16,none,256x1x1,64,2,0", "needs a cpu config"),
     ("5=cpu:v1:64x64x0,8x32x0,0x0x4", "names dispatch 5"),
     ("0=cpu:v9:64x64x0,8x32x0,0x0x4", "unknown cpu version"),
 ])

@@ -117,7 +117,7 @@ def test_stamp_writes_root_and_consumers(configured):
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({0: AmdGpuConfig((64, 128, 0), (2, 4, 0), (0, 0, 16), "none", (256, 1, 1), 64, 2, 0)}, "needs a cpu config"),
+        ({0: AmdGpuConfig((64, 128, 0), (2, 4, 0), (0, 0, 0), (0, 0, 16), "none", (256, 1, 1), 64, 2, 0)}, "needs a cpu config"),
         ({0: CpuConfig((64, 64), (8, 32), (0, 0))}, "over 3 loops"),
         ({3: CpuConfig((64, 64, 0), (8, 32, 0), (0, 0, 4))}, "names dispatch 3"),
     ],
@@ -142,8 +142,8 @@ def test_amd_config_stamps_and_cross_compiles(examples_bundle):
     (found,) = dispatch_module.dispatches(module)
     assert found.family == "amdgpu" and isinstance(found.default, AmdGpuConfig)
     found.default.check()
-    assert space_for(found, threads=2) is None  # no AMD search space: nothing to tune on here
-    new = AmdGpuConfig((32, 128, 0), (1, 4, 0), (0, 0, 8), found.default.mma, (256, 1, 1), 64, 0, 2)
+    assert len(space_for(found, threads=2).joint()) >= 16  # the AMD space (tests/test_gpu_spaces.py checks its rules)
+    new = AmdGpuConfig((32, 128, 0), (1, 4, 0), (0, 0, 0), (0, 0, 8), found.default.mma, (256, 1, 1), 64, 0, 2)
     new.check()
     stamped = dispatch_module.stamp(module, KernelConfig.of({0: new}), compiler.context)
     assert dispatch_module.dispatches(stamped)[0].default == new

@@ -1,11 +1,14 @@
 """Perf-config spaces, search strategies and the benchmark harness that picks a winner per device.
 
-- `perfconfig`, `cpu_config`, `amdgpu_config`, `kernel_config`: configs as data and strings;
-- `family`, `cpu_family`, `amdgpu_family`, `registry`: one module per target family (config class,
-  roots, followers, space) and the registry every family lookup goes through;
+- `perfconfig`, `cpu_config`, `gpu_config` (`amdgpu_config`, `cuda_config`), `kernel_config`: configs
+  as data and strings;
+- `family`, `cpu_family`, `gpu_family` (`amdgpu_family`, `cuda_family`), `registry`: one module per
+  target family (config class, roots, followers, space) and the registry every family lookup goes through;
 - `dispatch`: one dispatch as plain data; `analysis`: reading dispatches from a configured module,
   and stamping configs on a clone;
-- `space`, `cpu_space`: the candidates of a dispatch and the rules that prune them;
+- `space`, `cpu_space`, `gpu_space` (`gpu_target`: an arch's limits): the candidates of a dispatch
+  and the rules that prune them;
+- `compile_only`: spaces compiled and checked for a device that is not here (nothing stored);
 - `measure`, `evaluate`: timing, the output check, duplicates;
 - `search`, `strategies`: budgets and the strategies that drive a search;
 - `db`, `results`, `session`: stored results, reports, and `tune_kernel`.

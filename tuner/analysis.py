@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from portkern.errors import PerfConfigError
 from portkern.portable.compiler import operations
-from portkern.tuner import registry
+from portkern.tuner import gpu_target, registry
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.kernel_config import KernelConfig
 from portkern.tuner.perfconfig import PerfConfig
@@ -145,6 +145,7 @@ def dispatches(module) -> list[Dispatch]:
         fields = dict(
             index=index, name=_symbol(function), family=family.name if family else "", root="", sizes=(), parallel=(),
             element_bytes=4, default=None, problem=problem, native_vector_bytes=_native_vector_bytes(target),
+            gpu_target=gpu_target.target_info(target),
         )
         if family is None:
             found.append(Dispatch(**fields, reason="no lowering config of a family the tuner knows"))
@@ -199,7 +200,7 @@ def _write(function, dispatch: Dispatch, perf: PerfConfig, context, ir) -> None:
     family = registry.family(dispatch.family)
     for op in _configured_ops(function):
         text = str(op.attributes["lowering_config"])
-        new = perf.lowering_config() if family.is_root(text) else family.follower_config(text, dispatch, perf)
+        new = family.root_config(text, perf) if family.is_root(text) else family.follower_config(text, dispatch, perf)
         if new is not None:
             op.attributes["lowering_config"] = ir.Attribute.parse(new, context)
     translation = family.translation_info(str(function.attributes["translation_info"]), perf)

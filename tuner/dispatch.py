@@ -15,7 +15,7 @@ class Dispatch:
     index: int
     #: The dispatch function's symbol (e.g. `k_dispatch_0_matmul_256x384x512_f32`).
     name: str
-    #: Perf-config family of its target ("cpu", "amdgpu"), "" when unknown.
+    #: Perf-config family of its target ("cpu", "amdgpu", "cuda"), "" when unknown.
     family: str
     #: The root op's name ("linalg.matmul", "linalg.generic", ...), "" without a root.
     root: str
@@ -36,6 +36,8 @@ class Dispatch:
     #: Some loop range is dynamic: the dispatch is not searched, but takes a config stamped on
     #: it (one tuned on the kernel specialised to a shape bucket's sizes, `tuner.buckets`).
     dynamic: bool = False
+    #: GPUs: the `#iree_gpu.target<...>` of its executable target (arch, intrinsics, limits); "" otherwise.
+    gpu_target: str = ""
     #: The kernel's author asked for it to be tuned (an OpenCL parameter space): strategies never
     #: leave it at its default as insignificant.
     requested: bool = False

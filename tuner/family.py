@@ -40,6 +40,10 @@ class Family:
         """The compiler's own config, from the root's printed lowering config and the function's translation info."""
         raise NotImplementedError
 
+    def root_config(self, current: str, config: PerfConfig) -> str:
+        """The root op's new lowering config for `config` (its printed current one is `current`)."""
+        return config.lowering_config()
+
     def follower_config(self, follower: str, dispatch: Dispatch, config: PerfConfig) -> str | None:
         """A fused op's new lowering config when the root takes `config`, None to keep its own."""
         return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from portkern.errors import PerfConfigError
 from portkern.portable.bundle import KernelRecord
-from portkern.tuner import amdgpu_family, cpu_family, opencl_family
+from portkern.tuner import amdgpu_family, cpu_family, cuda_family, opencl_family
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.family import Family
 from portkern.tuner.perfconfig import MAX_CONFIG_CHARS, PerfConfig
@@ -18,7 +18,7 @@ from portkern.tuner.space import Space
 DYNAMIC_REASON = "dynamic loop ranges: tuned per shape bucket (shapes=[...], portkern tune --shapes)"
 
 #: Every family, by name.
-FAMILIES: dict[str, Family] = {f.name: f for f in (cpu_family.FAMILY, amdgpu_family.FAMILY, opencl_family.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (cpu_family.FAMILY, amdgpu_family.FAMILY, cuda_family.FAMILY, opencl_family.FAMILY)}
 
 
 def family(name: str) -> Family:

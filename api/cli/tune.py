@@ -23,6 +23,11 @@ def register(sub) -> None:
     tune.add_argument("--workers", type=int, metavar="N", help="parallel compile workers (default: one per core)")
     tune.add_argument("--retune", action="store_true", help="search again even when a result is stored")
     tune.add_argument(
+        "--compile-only", action="store_true",
+        help="for a device that is not here (e.g. --device gfx942, cuda:sm_90): compile every dispatch's search space "
+        "(at most --budget candidates each) and check the code objects; nothing is stored",
+    )
+    tune.add_argument(
         "--shapes", action="append", metavar="ARG=SHAPE[,SHAPE...]",
         help="kernels with dynamic dimensions: tune per shape bucket for these shapes, e.g. a=1x256,64x256,2048x256 "
         "(repeat for more arguments; the i-th shapes of every argument form one call)",
@@ -48,6 +53,8 @@ def run_tune(args: argparse.Namespace) -> Report:
     names = args.kernel or bundle.names()
     records = [bundle.record(name) for name in names]
     target = devices.resolve(args.device, store)
+    if args.compile_only:
+        return _compile_only(args, bundle, records, target)
     if not target.runnable:
         raise TuningError(f"cannot tune for {target.label} here: {target.reason}")
     if args.shapes:
@@ -96,6 +103,45 @@ def run_tune(args: argparse.Namespace) -> Report:
         for e in errors:
             where = f" dispatch {e['dispatch']}" if e["dispatch"] else ""
             out.print(f"[red]{e['kernel']}{where}: not tuned: {e['type']}: {e['message']}[/red]")
+
+    return Report(data, render, status=1 if errors else 0)
+
+
+def _compile_only(args: argparse.Namespace, bundle, records, target) -> Report:
+    """`portkern tune --compile-only`: each dispatch's space compiled and checked, per dispatch counts and reasons."""
+    from portkern.jit.workers import Pool, shared_pool
+    from portkern.tuner.compile_only import compile_space
+
+    if args.shapes:
+        raise TuningError("--compile-only compiles the kernels as built; it does not take --shapes")
+    kernels, errors = [], []
+    pool = Pool(args.workers) if args.workers else shared_pool()
+    try:
+        for record in records:
+            try:
+                reports = compile_space(bundle, record, target, pool, budget=args.budget)
+            except PortkernError as exc:  # one kernel's failure: reported, the others are still compiled
+                errors.append(_error(record.name, exc))
+                continue
+            kernels.append({"kernel": record.name, "dispatches": [r.to_dict() for r in reports]})
+    finally:
+        if args.workers:
+            pool.close()
+    data = {"json_format": JSON_FORMAT, "device": target.label, "compile_only": True, "ok": not errors, "kernels": kernels, "errors": errors}
+
+    def render(out):
+        rows = []
+        for kernel in kernels:
+            for d in kernel["dispatches"]:
+                reasons: dict[str, int] = {}
+                for failure in d["failures"]:
+                    reasons[failure["reason"]] = reasons.get(failure["reason"], 0) + 1
+                why = "; ".join(f"{n}x {reason}" for reason, n in sorted(reasons.items(), key=lambda item: -item[1]))
+                rows.append([kernel["kernel"], d["index"], d["candidates"], d["compiled"], d["duplicates"], d["failed"], "; ".join(filter(None, [d["note"], why]))])
+        columns = ["kernel", "dispatch", "candidates", "compiled", "duplicates", "failed", "notes and failure reasons"]
+        out.print(table(f"compile-only tuning space on {target.label} (candidate 0: the compiler's default; nothing stored)", columns, rows))
+        for e in errors:
+            out.print(f"[red]{e['kernel']}: not compiled: {e['type']}: {e['message']}[/red]")
 
     return Report(data, render, status=1 if errors else 0)
 
