@@ -170,7 +170,7 @@ class LoadedBundle(NativeCode):
     def _bucket_table(self, record: KernelRecord, target: Target) -> dict:
         """The tuned buckets' code of a kernel with dynamic dimensions (empty when none is tuned)."""
         contract = record.signature.contract
-        if contract is None or not contract.symbols or not toolchain_for(record).tunable:
+        if contract is None or not contract.symbols or not toolchain_for(record).tunable(record):
             return {}
         problem = buckets.index_problem(selection_problem(record, target))
         return buckets.load_table(self, record, target, self.store.get_tuning(problem, target.fingerprint, compiler_id(record)))
@@ -205,8 +205,11 @@ class LoadedBundle(NativeCode):
     def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, "TuneResult | None"]:
         """The perf config to use (stored selection, default, or a fresh tuning result),
         and the tuning result when `tune` asked for one."""
-        if not toolchain_for(record).tunable and tune not in NO_SEARCH:
-            raise TuningError(f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
+        if tune not in NO_SEARCH and not toolchain_for(record).tunable(record):
+            raise TuningError(
+                f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned "
+                "(give it a parameter space: `tune: params:` in its manifest entry)"
+            )
         if tune in NO_SEARCH:
             if tune is None:
                 chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
@@ -231,7 +234,7 @@ class LoadedBundle(NativeCode):
             self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
-        return toolchain_for(record).executable(native.data, record, target)
+        return toolchain_for(record).executable(native.data, record, target, native.config)
 
 
 class Kernel:
