@@ -8,7 +8,7 @@ import pytest
 
 import portkern
 
-from helpers import build_mlir
+from helpers import attention_mlir, build_mlir
 
 SOFTMAX = """
 func.func @softmax(%x: tensor<64x256xf32>) -> tensor<64x256xf32> {
@@ -18,21 +18,7 @@ func.func @softmax(%x: tensor<64x256xf32>) -> tensor<64x256xf32> {
 }
 """
 
-ATTENTION = """
-func.func @attention(%q: tensor<2x64x32xf32>, %k: tensor<2x64x32xf32>, %v: tensor<2x64x32xf32>) -> tensor<2x64x32xf32> {
-  %scale = arith.constant 0.125 : f32
-  %empty = tensor.empty() : tensor<2x64x32xf32>
-  %r = iree_linalg_ext.attention <{indexing_maps = [affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>,
-      affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>,
-      affine_map<(d0, d1, d2, d3, d4) -> ()>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>]}>
-      ins(%q, %k, %v, %scale : tensor<2x64x32xf32>, tensor<2x64x32xf32>, tensor<2x64x32xf32>, f32)
-      outs(%empty : tensor<2x64x32xf32>) {
-    ^bb0(%score: f32):
-      iree_linalg_ext.yield %score : f32
-  } -> tensor<2x64x32xf32>
-  return %r : tensor<2x64x32xf32>
-}
-"""
+ATTENTION = attention_mlir(2, 64, 32)
 
 
 def softmax(x: np.ndarray) -> np.ndarray:
