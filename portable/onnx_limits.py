@@ -67,6 +67,11 @@ RULES = (
         "on float16 and bfloat16, with masked (-inf) entries in a row, IREE's result differs from onnx's reference beyond the case's rtol",
     ),
     Rule(
+        "SpaceToDepth",
+        lambda u: u.attr("mode", "DCR") == "CRD",
+        "with mode='CRD', IREE rearranges as in the default mode 'DCR'",
+    ),
+    Rule(
         "SoftmaxCrossEntropyLoss",
         lambda u: u.given(2) and u.attr("reduction", "mean") == "mean",
         "with class weights and reduction='mean', IREE's loss differs",
