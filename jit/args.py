@@ -8,11 +8,11 @@ from typing import Sequence
 import numpy as np
 
 from portkern.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
+from portkern.jit.tensors import as_array, is_tensor
 from portkern.portable.bundle import Signature
 from portkern.portable.dtypes import numpy_dtype
 from portkern.portable.expr import Expr
 from portkern.portable.launch import Launch
-from portkern.jit.tensors import as_array, is_tensor
 
 
 def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:
@@ -64,8 +64,11 @@ class BoundLaunch:
     global_size: tuple[int, ...]
 
 
-def bind_launch(kernel: str, launch: Launch, local: Sequence[int] | None, arrays: Sequence[np.ndarray]) -> BoundLaunch:
-    """Bind an OpenCL launch description to checked input arrays, or refuse them.
+def bind_launch(
+    kernel: str, launch: Launch, local: Sequence[int] | None, arrays: Sequence[np.ndarray], params: Sequence[tuple[str, int]] = ()
+) -> BoundLaunch:
+    """Bind an OpenCL launch description to checked input arrays, or refuse them
+    (`params`: the values of a parameter space's point, symbols beside the shapes').
 
     Every input dimension must match its expression, every `requires`
     condition must hold and the global size must be a whole number of
@@ -78,6 +81,7 @@ def bind_launch(kernel: str, launch: Launch, local: Sequence[int] | None, arrays
         for axis, dim in enumerate(arg.shape):
             if dim.is_symbol:
                 symbols.setdefault(dim.text, int(shapes[arg.name][axis]))
+    symbols.update(params)
 
     def value(item: Expr, what: str) -> int:
         try:

@@ -15,9 +15,9 @@ from portkern.cache.store import UNUSABLE, CacheWarning, Store, default_store
 from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError
 from portkern.jit import background, buckets, devices
 from portkern.jit.args import check_arguments
-from portkern.jit.tensors import result_wrapper
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
+from portkern.jit.tensors import result_wrapper
 from portkern.jit.toolchain import toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_head
 from portkern.portable.dtypes import as_declared
@@ -170,7 +170,7 @@ class LoadedBundle(NativeCode):
     def _bucket_table(self, record: KernelRecord, target: Target) -> dict:
         """The tuned buckets' code of a kernel with dynamic dimensions (empty when none is tuned)."""
         contract = record.signature.contract
-        if contract is None or not contract.symbols or not toolchain_for(record).tunable:
+        if contract is None or not contract.symbols or not toolchain_for(record).tunable(record):
             return {}
         problem = buckets.index_problem(selection_problem(record, target))
         return buckets.load_table(self, record, target, self.store.get_tuning(problem, target.fingerprint, compiler_id(record)))
@@ -205,8 +205,11 @@ class LoadedBundle(NativeCode):
     def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, "TuneResult | None"]:
         """The perf config to use (stored selection, default, or a fresh tuning result),
         and the tuning result when `tune` asked for one."""
-        if not toolchain_for(record).tunable and tune not in NO_SEARCH:
-            raise TuningError(f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
+        if tune not in NO_SEARCH and not toolchain_for(record).tunable(record):
+            raise TuningError(
+                f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned "
+                "(give it a parameter space: `tune: params:` in its manifest entry)"
+            )
         if tune in NO_SEARCH:
             if tune is None:
                 chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
@@ -231,7 +234,7 @@ class LoadedBundle(NativeCode):
             self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
-        return toolchain_for(record).executable(native.data, record, target, self.parameters_for(record))
+        return toolchain_for(record).executable(native.data, record, target, native.config, self.parameters_for(record))
 
 
 class Kernel:
@@ -307,7 +310,7 @@ class Kernel:
 
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run on NumPy arrays or framework tensors (`__dlpack__`); results are NumPy arrays, or
-        torch tensors (sharing their memory) when every argument is a torch tensor."""
+        torch tensors sharing their memory when every argument is a torch tensor."""
         arrays = check_arguments(self.name, self.signature, args)
         executable = self._code[1]
         if self.buckets:

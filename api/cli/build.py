@@ -157,7 +157,7 @@ def describe(path: Path) -> Report:
         for k in bundle.kernels:
             stages = ", ".join(
                 f"{s.family}/{s.phase}{' (placeholder)' if s.placeholder else ''} {human_size(s.size)}" for s in k.stages
-            )
+            ) if len(k.stages) <= 4 else f"{len(k.stages)} stages ({human_size(sum(s.size for s in k.stages))})"
             native = ", ".join(f"{n.target} {human_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
             contract = k.signature.contract_text if k.kind in IREE_KINDS else "launch (below)"
             weights = f"{len(k.parameters)}, {human_size(sum(p.size for p in k.parameters))}" if k.parameters else "-"
@@ -168,7 +168,12 @@ def describe(path: Path) -> Report:
             for k in bundle.kernels for s in k.stages})
         out.print("producer: " + "; ".join(producers))
         for k in bundle.kernels:
-            if k.launch:
+            points = k.launch.get("variants", []) if k.launch else []
+            if points and points[0].get("params"):
+                default = ",".join(f"{n}={v}" for n, v in points[0]["params"])
+                at = ", ".join(f"{n}={v}" for n, v in k.launch.get("tune_at", {}).items()) or "static shapes"
+                out.print(f"launch {k.name}: global ({', '.join(k.launch['global'])}); {len(points)} points, default {default}, tuned at {at}")
+            elif k.launch:
                 sizes = "; ".join(
                     ("" if v["subgroup_size"] is None else f"sub-group {v['subgroup_size']}: ")
                     + ("x".join(map(str, v["local"])) if v["local"] else "driver's choice")
