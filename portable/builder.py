@@ -50,7 +50,8 @@ def build_kernel(
     `targets` are the manifest's device families: each GPU family among them
     adds a stage lowered for that family's placeholder target.
     """
-    source_sha = hashlib.sha256(spec.source.read_bytes()).hexdigest()
+    with open(spec.source, "rb") as f:  # streamed: a model's inline weights are never held whole
+        source_sha = hashlib.file_digest(f, "sha256").hexdigest()
     if spec.kind in IREE_KINDS:
         lowered = lower_source(spec, compiler, workdir)
         blob = sha256(lowered.stage_bytes)

@@ -26,6 +26,7 @@ from portkern.portable.bundle import Signature
 from portkern.portable.compiler import Compiler, operations
 from portkern.portable.contract import SYMBOL, Dim, ShapeContract, UncheckedShapesWarning
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_parameters import load_graph
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -161,12 +162,8 @@ def onnx_dim_params(spec: KernelSpec) -> dict:
 def _onnx_graph(path: Path) -> tuple[list, list] | None:
     """(name, dim_params) of an ONNX graph's inputs (initializers left out) and outputs; None without `onnx`."""
     try:
-        import onnx
-    except ImportError:
-        return None
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception:  # noqa: BLE001 - a model the importer accepted but onnx cannot load: no names
+        model = load_graph(path)
+    except BuildError:  # no `onnx`, or a model the importer accepted but onnx cannot load: no names
         return None
     initializers = {t.name for t in model.graph.initializer}
 

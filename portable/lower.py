@@ -14,7 +14,7 @@ from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.dtypes import BY_ELEMENT
 from portkern.portable.manifest import KernelSpec
-from portkern.portable.onnx_parameters import has_external_data, importer_flags, load_graph, opset_of, parameter_data
+from portkern.portable.onnx_parameters import has_external_data, importer_flags, is_large, load_graph, opset_of, parameter_data
 from portkern.portable.parameters import ParameterData, referenced
 from portkern.portable.onnx_limits import check_model
 from portkern.portable.onnx_model import failing_operator
@@ -28,10 +28,9 @@ PORTABLE_PHASE = "flow"
 #: to f32 and changes the entry function's signature under the caller).
 BUILD_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
 
+#: Large ONNX files (`onnx_parameters.is_large`; at this opset or newer) are imported without the
+#: importer's in-memory checker and shape inference, which copy the whole model two or three times.
 ONNX_OPSET = 17
-#: ONNX files this large (at opset ONNX_OPSET or newer) are imported without the importer's
-#: in-memory checker and shape inference, which copy the whole model two or three times.
-LARGE_ONNX_BYTES = 64 << 20
 ONNX_IMPORT_TIMEOUT_S = 600
 
 _TORCH_TENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(\w+)>$")
@@ -60,11 +59,7 @@ def lower_source(spec: KernelSpec, compiler: Compiler, workdir: Path | None = No
             raise BuildError(f"{spec.source}: a PyTorch program is built through build_file (it needs a work directory)")
         text, parameters = import_torch(spec.source, spec.name, workdir)
     elif spec.kind == "onnx":
-        check_model(spec.source.read_bytes(), str(spec.source))
-        model = load_graph(spec.source)
-        large = has_external_data(model) or (spec.source.stat().st_size >= LARGE_ONNX_BYTES and opset_of(model) >= ONNX_OPSET)
-        text = import_onnx(spec.source, large=large)
-        parameters = parameter_data(model, spec.source, spec.name, referenced(text))
+        text, parameters = _import_onnx_kernel(spec)
     else:
         text = spec.source.read_bytes()
     try:
@@ -81,15 +76,36 @@ def lower_source(spec: KernelSpec, compiler: Compiler, workdir: Path | None = No
     return Lowered(entry, signature, data, current_producer(bytecode_version(data)), text, parameters)
 
 
-def import_onnx(path: Path, large: bool = False) -> bytes:
+def _import_onnx_kernel(spec: KernelSpec) -> tuple[bytes, tuple[ParameterData, ...]]:
+    """The importer's MLIR for an ONNX kernel, and its parameters. A large model at opset
+    ONNX_OPSET or newer reaches the checks and the importer without its inline weights
+    (`load_graph` leaves them in the file, whence the bundle's section is written)."""
+    model = load_graph(spec.source)
+    if is_large(spec.source) and opset_of(model) >= ONNX_OPSET:
+        data = model.SerializeToString()
+        check_model(data, str(spec.source))
+        with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
+            path = Path(tmp) / spec.source.name
+            path.write_bytes(data)
+            text = import_onnx(path, large=True, shown=spec.source)
+    else:
+        # older models are upgraded by the importer first, which needs the whole model
+        check_model(spec.source.read_bytes(), str(spec.source))
+        text = import_onnx(spec.source, large=has_external_data(model, spec.source))
+    return text, parameter_data(model, spec.source, spec.name, referenced(text))
+
+
+def import_onnx(path: Path, large: bool = False, shown: Path | None = None) -> bytes:
     """MLIR text for an ONNX model, from IREE's ONNX importer (run as its own process), with
     its large initializers as parameter references (`portable.onnx_parameters`).
 
     Models older than opset 17 are upgraded first; when the upgrade itself fails
     (it does for some Pad models), the model is imported as it is. A model with
     external data, or a large one (`large`), is imported as it is, without loading its
-    external weights and without in-memory copies of the model.
+    external weights and without in-memory copies of the model. `shown`: the path errors name
+    (the user's model, where `path` is a copy of it).
     """
+    shown = shown or path
     errors = []
     attempts = ([], ) if large else ([f"--opset-version={ONNX_OPSET}"], [])
     for opset in attempts:
@@ -100,13 +116,13 @@ def import_onnx(path: Path, large: bool = False) -> bytes:
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=ONNX_IMPORT_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                raise BuildError(f"{path}: ONNX import took longer than {ONNX_IMPORT_TIMEOUT_S} s") from None
+                raise BuildError(f"{shown}: ONNX import took longer than {ONNX_IMPORT_TIMEOUT_S} s") from None
             if done.returncode == 0:
                 return out.read_bytes()
             errors.append(brief(done.stderr, last=True) or "no message")
     if any("No module named 'onnx'" in e for e in errors):
-        raise BuildError(f"{path}: ONNX import needs the 'onnx' package (pip install 'portkern[onnx]')")
-    raise BuildError(f"{path}: ONNX import failed: {errors[0]}")
+        raise BuildError(f"{shown}: ONNX import needs the 'onnx' package (pip install 'portkern[onnx]')")
+    raise BuildError(f"{shown}: ONNX import failed: {errors[0]}")
 
 
 def find_entry(module, spec: KernelSpec) -> tuple[str, Signature]:

@@ -14,10 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from portkern.errors import BuildError
+from portkern.portable.onnx_wire import strip_initializers
 from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, bytes_pieces, file_pieces
 
 #: Initializers with at least this many elements become parameters (1 KiB of float32).
 ELEMENTS_THRESHOLD = 256
+#: ONNX files this large are read without loading their inline weights.
+LARGE_ONNX_BYTES = 64 << 20
 
 
 
@@ -26,13 +29,24 @@ def importer_flags(threshold: int = ELEMENTS_THRESHOLD) -> list[str]:
     return ["--externalize-params", "--no-save-params", f"--num-elements-threshold={threshold}", f"--params-scope={DEFAULT_SCOPE}"]
 
 
+def is_large(path: Path) -> bool:
+    """Whether an ONNX model file is read without loading its inline weights."""
+    return path.stat().st_size >= LARGE_ONNX_BYTES
+
+
 def load_graph(path: Path) -> Any:
-    """The ONNX model without its external data (BuildError if it cannot be read)."""
+    """The ONNX model without its external data (BuildError if it cannot be read). A model file
+    of LARGE_ONNX_BYTES or more is not loaded whole: each inline initializer of at least
+    ELEMENTS_THRESHOLD elements comes as external data in the model file itself
+    (`portable.onnx_wire`), so that the weights stay on disk."""
     try:
         import onnx
     except ImportError:
         raise BuildError(f"{path}: ONNX import needs the 'onnx' package (pip install 'portkern[onnx]')") from None
+    stripped = strip_initializers(path, ELEMENTS_THRESHOLD) if is_large(path) else None
     try:
+        if stripped is not None:
+            return onnx.load_model_from_string(stripped.model)
         return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types
         raise BuildError(f"{path}: ONNX import failed: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
@@ -43,11 +57,15 @@ def opset_of(model: Any) -> int:
     return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
-def has_external_data(model: Any) -> bool:
-    """Whether any initializer keeps its bytes in an external data file."""
+def has_external_data(model: Any, path: Path) -> bool:
+    """Whether any initializer of the model at `path` keeps its bytes in an external data file
+    (other than the model file itself, where `load_graph` leaves a large model's inline weights)."""
     from onnx.external_data_helper import uses_external_data
 
-    return any(uses_external_data(t) for t in model.graph.initializer)
+    def elsewhere(tensor) -> bool:
+        return any(e.key == "location" and e.value != path.name for e in tensor.external_data)
+
+    return any(uses_external_data(t) and elsewhere(t) for t in model.graph.initializer)
 
 
 def sanitized(name: str) -> str:
@@ -85,7 +103,7 @@ def _reader(tensor: Any, path: Path, size: int):
         info = {entry.key: entry.value for entry in tensor.external_data}
         base = path.parent.resolve()
         location = (base / info.get("location", "")).resolve()
-        if base not in location.parents:
+        if base not in location.parents and location != path.resolve():  # the model file itself: weights left inline
             raise BuildError(f"{path}: initializer {tensor.name!r} has external data outside the model's folder ({info.get('location')!r})")
         offset = int(info.get("offset", 0))
         try:
