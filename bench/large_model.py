@@ -7,9 +7,14 @@ with its weights in an ONNX external data file, smaller ones inline) and then, e
 in a fresh child process:
     build: `portkern build` (peak memory of the build and its importer child, from getrusage);
     cold:  empty cache; load + kernel() (checks the parameter chunks, finalises) + first call;
-    warm:  the cache filled by cold; load + kernel() + first call (nothing hashed, nothing compiled).
+    warm:  the cache filled by cold; load + kernel() + first call (nothing hashed, nothing
+           compiled), with the bundle file in the OS page cache as the steps before left it;
+    numpy: the same forward pass in NumPy over the same weights, mapped from the bundle file
+           (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset): what one pass over the weights costs;
+    disk:  warm again, after the bundle file's pages were dropped from the page cache
+           (posix_fadvise DONTNEED): the weights come from the disk during the first call.
 It prints the bundle size against the weights, the cache entry against the weights, cold
-finalisation time, the chunk check, the warm first result, build peak memory against the
+finalisation time, the chunk check, the warm first results, build peak memory against the
 largest tensor, and the largest difference from NumPy (computed layer by layer here).
 Needs disk for the model and its bundle (about 2x the weights) under --workdir.
 """
@@ -45,7 +50,7 @@ EXTERNAL_FROM = 2 << 30
 
 CHILD_RUN = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     import numpy as np
     import portkern
     from portkern.cache.store import default_store
@@ -54,6 +59,10 @@ CHILD_RUN = textwrap.dedent(
     runtime_config("local-task")
     store = default_store()
     path, batch, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    if sys.argv[5] == "evict":
+        fd = os.open(path, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
     x = np.random.default_rng(1).standard_normal((batch, width), dtype=np.float32)
     start = time.perf_counter()
     loaded = portkern.load(path)
@@ -72,6 +81,38 @@ CHILD_RUN = textwrap.dedent(
     print(json.dumps({"open_s": opened - start, "check_s": checked - opened, "kernel_s": ready - checked, "call_s": done - ready,
                       "first_result_s": done - start, "ready_s": ready - start, "next_call_s": again, "origin": kernel.origin, "finalize_s": kernel.native.finalize_s,
                       "entry_bytes": max(entries) if entries else 0}))
+    """
+)
+
+CHILD_NUMPY = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    from portkern.portable.bundle import read_bundle
+    path, widths = sys.argv[1], json.loads(sys.argv[2])
+    bundle = read_bundle(path)
+    section, by_name = bundle.parameters, {p.name: p for p in bundle.kernel("mlp").parameters}
+    mapped = np.memmap(path, dtype=np.uint8, mode="r")
+
+    def weight(name, shape):
+        p = by_name[name]
+        return mapped[section.offset + p.offset : section.offset + p.offset + p.size].view(np.float32).reshape(shape)
+
+    x = np.random.default_rng(1).standard_normal((8, widths[0]), dtype=np.float32)
+
+    def forward():
+        h = x
+        for i in range(len(widths) - 1):
+            h = h @ weight(f"W{i}", (widths[i], widths[i + 1])) + weight(f"b{i}", (widths[i + 1],))
+            if i < len(widths) - 2:
+                h = np.maximum(h, 0)
+        return h
+
+    start = time.perf_counter()
+    forward()
+    first = time.perf_counter()
+    forward()
+    print(json.dumps({"first_s": first - start, "next_s": time.perf_counter() - first}))
     """
 )
 
@@ -128,11 +169,14 @@ def run_size(label: str, workdir: Path, keep: bool, fixed: int) -> dict:
     env = {**os.environ, "PORTKERN_CACHE_DIR": str(where / "cache")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     args = (str(where / "m.pkb"), str(BATCH), str(widths[0]))
-    cold = child(CHILD_RUN, *args, str(where / "cold.npy"), env=env)
-    warm = child(CHILD_RUN, *args, str(where / "warm.npy"), env=env)
+    cold = child(CHILD_RUN, *args, str(where / "cold.npy"), "keep", env=env)
+    warm = child(CHILD_RUN, *args, str(where / "warm.npy"), "keep", env=env)
+    numpy_env = {k: v for k, v in env.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    numpy_pass = child(CHILD_NUMPY, str(where / "m.pkb"), json.dumps(widths), env=numpy_env)
+    disk = child(CHILD_RUN, *args, str(where / "disk.npy"), "evict", env=env)
     x = np.random.default_rng(1).standard_normal((BATCH, widths[0]), dtype=np.float32)
     expected = reference(x, widths, SEED)
-    error = max(float(np.max(np.abs(np.load(where / f"{run}.npy") - expected) / (1 + np.abs(expected)))) for run in ("cold", "warm"))
+    error = max(float(np.max(np.abs(np.load(where / f"{run}.npy") - expected) / (1 + np.abs(expected)))) for run in ("cold", "warm", "disk"))
     bundle_bytes = (where / "m.pkb").stat().st_size
     result = {
         "size": label,
@@ -157,6 +201,11 @@ def run_size(label: str, workdir: Path, keep: bool, fixed: int) -> dict:
         "warm_first_result_s": warm["first_result_s"],
         "warm_ready_s": warm["ready_s"],
         "warm_next_call_s": warm["next_call_s"],
+        "numpy_pass_s": numpy_pass["first_s"],
+        "numpy_next_pass_s": numpy_pass["next_s"],
+        "disk_ready_s": disk["ready_s"],
+        "disk_first_result_s": disk["first_result_s"],
+        "disk_next_call_s": disk["next_call_s"],
         "max_rel_error": error,
     }
     if not keep:
@@ -200,7 +249,9 @@ def print_row(r: dict) -> None:
         f"build: {r['build_extra_over_largest']:.2f}x); cold: finalise {r['cold_finalize_s']:.2f} s, "
         f"chunk check {r['cold_check_s']:.2f} s, first result {r['cold_first_result_s']:.2f} s; warm ({r['warm_origin']}): "
         f"check {r['warm_check_s'] * 1000:.1f} ms, callable after {r['warm_ready_s']:.3f} s, first result {r['warm_first_result_s']:.3f} s "
-        f"(a second call: {r['warm_next_call_s']:.3f} s); max rel. error vs NumPy {r['max_rel_error']:.1e}"
+        f"(a second call: {r['warm_next_call_s']:.3f} s; NumPy's pass over the same mapped weights: {r['numpy_pass_s']:.3f} s, "
+        f"then {r['numpy_next_pass_s']:.3f} s); page cache dropped: callable after {r['disk_ready_s']:.3f} s, first result "
+        f"{r['disk_first_result_s']:.3f} s (a second call: {r['disk_next_call_s']:.3f} s); max rel. error vs NumPy {r['max_rel_error']:.1e}"
     )
 
 

@@ -5,7 +5,9 @@ parameter straight from the mapping (`portkern.jit.runtime`). Before a kernel's 
 executable is made, the chunks holding its parameters are hashed, unless this cache
 remembers that chunk as checked for the same file (path, device, inode, size, mtime and
 ctime, and the section's root): a warm start of a 5 GB bundle hashes nothing. A chunk
-that does not match raises `DigestMismatchError`; nothing is remembered from it.
+that does not match raises `DigestMismatchError`; nothing is remembered from it. The
+kernel's parameters are then read ahead (`MADV_WILLNEED`), so that a first call after the
+file left the page cache reads it from the disk in order rather than a page at a time.
 """
 
 from __future__ import annotations
@@ -88,4 +90,18 @@ class MappedSection:
                 verify_chunks(self._file, self.section, needed, f"{self.path}: kernel {record.name!r}: ")
                 self._checked.update(needed)
                 self.store.put_record(RECORD_KIND, self._identity, {"chunks": sorted(self._checked), "path": str(self.path)})
+            self._prefetch(record)
             return KernelParameters(self._buffer, self.section, record.parameters)
+
+    def _prefetch(self, record: KernelRecord) -> None:
+        """Ask the OS to read the kernel's parameters ahead, in the background: a call touches
+        its weights in tile order, and a page at a time would be far slower from the disk."""
+        if not record.parameters or not hasattr(mmap, "MADV_WILLNEED"):
+            return
+        start = self.section.offset + min(p.offset for p in record.parameters)
+        end = self.section.offset + max(p.offset + p.size for p in record.parameters)
+        start -= start % mmap.PAGESIZE
+        try:
+            self._buffer.madvise(mmap.MADV_WILLNEED, start, end - start)
+        except OSError:  # a hint only
+            pass
