@@ -64,6 +64,7 @@ def iree_direct(case: conf.Case, work: Path) -> conf.Outcome:
     """The case through IREE's own tools and runtime, as its ONNX guide shows."""
     import iree.runtime as rt
     import onnx
+    from iree.compiler.tools.binaries import find_tool
     from iree.compiler.tools.import_onnx import __main__ as import_onnx
 
     model, mlir, vmfb = work / "model.onnx", work / "model.mlir", work / "model.vmfb"
@@ -72,7 +73,7 @@ def iree_direct(case: conf.Case, work: Path) -> conf.Outcome:
         import_onnx.main(import_onnx.parse_arguments([str(model), "--opset-version", "17", "-o", str(mlir)]))
     except Exception as exc:  # noqa: BLE001 - the importer raises whatever its steps raise
         return conf.Outcome(conf.REFUSED, f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
-    compile_cmd = [str(Path(sys.executable).parent / "iree-compile"), *IREE_COMPILE_FLAGS, str(mlir), "-o", str(vmfb)]
+    compile_cmd = [find_tool("iree-compile"), *IREE_COMPILE_FLAGS, str(mlir), "-o", str(vmfb)]  # the binary the script runs
     done = subprocess.run(compile_cmd, capture_output=True, text=True)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if "error" in line.lower()] or done.stderr.splitlines()[-1:]
