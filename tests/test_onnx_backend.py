@@ -148,12 +148,29 @@ def test_bool_float16_and_bfloat16():
 
 
 def test_a_compiler_crash_is_a_build_error():
-    """IREE's compiler crashes on this case; the build runs in a child process, so the caller gets a BuildError."""
+    """IREE's compiler crashes on this case; the build runs in a worker process of the pool, so the caller gets a BuildError."""
     from portkern.examples import onnx_conformance as conf
 
     case = next(c for c in conf.node_cases() if c.name == "test_rotary_embedding_3d_input_expanded")
     with pytest.raises(BuildError, match="the IREE compiler crashed"):
         backend.prepare(case.model)
+
+
+def test_models_build_in_the_shared_pool_without_a_process_each(tmp_path):
+    """Consecutive models are built (and finalised) by the shared pool's workers, kept alive between
+    them: no process is started per model, and each result matches NumPy."""
+    from portkern.jit.workers import shared_pool
+
+    store = Store(CacheConfig(tmp_path, 1 << 30, False))
+    x = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    ops = {"Relu": lambda a: np.maximum(a, 0), "Neg": np.negative, "Abs": np.abs}
+    backend.prepare(model([helper.make_node("Exp", ["x"], ["y"])], [tensor("x", TensorProto.FLOAT, [3, 4])], [tensor("y", TensorProto.FLOAT, [3, 4])]), store=store)
+    spawned = shared_pool().spawned
+    for op, reference in ops.items():
+        m = model([helper.make_node(op, ["x"], ["y"])], [tensor("x", TensorProto.FLOAT, [3, 4])], [tensor("y", TensorProto.FLOAT, [3, 4])], name=op.lower())
+        (y,) = backend.prepare(m, store=store).run([x])
+        np.testing.assert_allclose(y, reference(x), rtol=1e-6)
+    assert shared_pool().spawned == spawned
 
 
 def test_space_to_depth_crd_is_refused_and_dcr_computes_the_reference():
