@@ -186,3 +186,20 @@ def test_space_to_depth_crd_is_refused_and_dcr_computes_the_reference():
     inputs, outputs = dcr.data_sets[0]
     (got,) = backend.prepare(dcr.model).run(list(inputs))
     np.testing.assert_allclose(got, outputs[0], rtol=dcr.rtol, atol=dcr.atol)
+
+
+def test_lp_normalization_is_refused_as_onnx_reference_maps_a_zero_norm_to_zero():
+    """IREE 3.13 computes LpNormalization as x / norm, NaN where a slice's norm is 0; onnx's reference
+    (and the conformance case test_l2normalization_axis_0) gives 0 there: refused at build."""
+    from onnx.reference import ReferenceEvaluator
+
+    m = model(
+        [helper.make_node("LpNormalization", ["x"], ["y"], axis=0, p=2)],
+        [tensor("x", TensorProto.FLOAT, [2, 3])],
+        [tensor("y", TensorProto.FLOAT, [2, 3])],
+    )
+    x = np.array([[3.0, 0.0, 1.0], [4.0, 0.0, 0.0]], np.float32)
+    (reference,) = ReferenceEvaluator(m).run(None, {"x": x})
+    np.testing.assert_allclose(reference, [[0.6, 0.0, 1.0], [0.8, 0.0, 0.0]], rtol=1e-6)
+    with pytest.raises(BuildError, match=r"LpNormalization.*norm is 0"):
+        backend.prepare(m)
