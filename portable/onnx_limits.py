@@ -40,7 +40,14 @@ class Rule:
     reason: str
 
 
+#: ONNX's float8 element types (TensorProto FLOAT8E4M3FN .. FLOAT8E5M2FNUZ) and their NumPy names.
+FLOAT8_TYPES = (17, 18, 19, 20)
+FLOAT8_NAMES = ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz")
+SATURATE_REASON = "casting to float8 with saturate=1, IREE gives inf/NaN for values out of range where onnx's reference saturates"
+
 RULES = (
+    Rule("Cast", lambda u: u.attr("to") in FLOAT8_TYPES and u.attr("saturate", 1) == 1, SATURATE_REASON),
+    Rule("CastLike", lambda u: len(u.input_types) > 1 and u.input_types[1] in FLOAT8_NAMES and u.attr("saturate", 1) == 1, SATURATE_REASON),
     Rule(
         "AveragePool",
         lambda u: u.attr("ceil_mode", 0) == 1 and u.attr("count_include_pad", 0) == 1 and any(d != 1 for d in u.attr("dilations", ()) or ()),

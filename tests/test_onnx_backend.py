@@ -224,3 +224,27 @@ def test_unsigned_results_stay_intact_across_later_calls():
     for z in kept:
         assert z.dtype == np.uint64
         np.testing.assert_array_equal(z, x * y)
+
+
+def test_cast_to_float8_with_saturate_is_refused_as_onnx_reference_saturates():
+    """IREE 3.13 casts out-of-range values to float8 as inf/NaN; with saturate=1 (the default) onnx's
+    reference clamps them to the type's largest value (the conformance cases
+    test_castlike_FLOAT_to_FLOAT8E5M2 and ..._FLOAT8E4M3FNUZ were wrong): refused at build."""
+    from onnx import numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    def cast_like(**attributes):
+        return model(
+            [helper.make_node("CastLike", ["x", "like"], ["y"], **attributes)],
+            [tensor("x", TensorProto.FLOAT, [3]), tensor("like", TensorProto.FLOAT8E5M2, [1])],
+            [tensor("y", TensorProto.FLOAT8E5M2, [3])],
+        )
+
+    x = np.array([1.0, 1e6, -1e6], np.float32)
+    like8 = numpy_helper.to_array(helper.make_tensor("like", TensorProto.FLOAT8E5M2, [1], [0.0]))
+    (reference,) = ReferenceEvaluator(cast_like()).run(None, {"x": x, "like": like8})
+    np.testing.assert_array_equal(reference.astype(np.float32), [1.0, 57344.0, -57344.0])
+    with pytest.raises(BuildError, match=r"CastLike.*saturate=1"):
+        backend.prepare(cast_like())
+    with pytest.raises(BuildError, match=r"Cast.*saturate=1"):
+        backend.prepare(model([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT8E4M3FN)], [tensor("x", TensorProto.FLOAT, [3])], [tensor("y", TensorProto.FLOAT8E4M3FN, [3])]))
