@@ -265,3 +265,23 @@ def test_gelu_tanh_is_refused_and_the_default_gelu_computes_the_reference():
     (y,) = backend.prepare(gelu()).run([x])
     want = 0.5 * x.astype(np.float64) * (1 + np.vectorize(math.erf)(x.astype(np.float64) / math.sqrt(2)))
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-6)
+
+
+def test_grid_sample_zero_padding_is_refused_as_onnx_reference_samples_zeros_out_of_bounds():
+    """With padding_mode='zeros' (the default), IREE 3.13 reads outside the input for samples out of
+    bounds (test_gridsample_zeros_padding: 3.6e31 where onnx's reference has 0; IREE directly wrong
+    too): refused at build."""
+    from onnx.reference import ReferenceEvaluator
+
+    m = model(
+        [helper.make_node("GridSample", ["x", "grid"], ["y"])],
+        [tensor("x", TensorProto.FLOAT, [1, 1, 3, 2]), tensor("grid", TensorProto.FLOAT, [1, 1, 2, 2])],
+        [tensor("y", TensorProto.FLOAT, [1, 1, 1, 2])],
+        opset=20,
+    )
+    x = np.arange(1, 7, dtype=np.float32).reshape(1, 1, 3, 2)
+    grid = np.array([[[[-10.0, -10.0], [10.0, 10.0]]]], np.float32)
+    (reference,) = ReferenceEvaluator(m).run(None, {"x": x, "grid": grid})
+    np.testing.assert_array_equal(reference, np.zeros((1, 1, 1, 2), np.float32))
+    with pytest.raises(BuildError, match=r"GridSample.*padding_mode='zeros'"):
+        backend.prepare(m)
