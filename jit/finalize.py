@@ -18,6 +18,7 @@ from portkern.jit.gpu import fit
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.compiler import Compiler
+from portkern.portable import source
 from portkern.portable.producer import check_bytecode, check_release
 
 #: The phase at which IREE has chosen a lowering config per dispatch (tuning stamps here).
@@ -39,7 +40,12 @@ def compiler_for(target: Target) -> Compiler:
 
 
 def check_stage(stage: Stage, name: str) -> None:
-    """Refuse a stage this compiler cannot read (format, producer release, bytecode version)."""
+    """Refuse a stage this compiler cannot read (format, producer release, bytecode version);
+    a source stage is for other releases: whether it parses is known only when a worker parses it."""
+    if stage.is_source:
+        if stage.format not in source.FORMATS:
+            raise FinalizeError(f"kernel {name!r}: source stage format {stage.format!r} is not one this portkern reads")
+        return
     if stage.format != "mlir-bytecode":
         raise FinalizeError(f"kernel {name!r}: stage format {stage.format!r} is not MLIR")
     check_release(stage.producer, name)
@@ -47,12 +53,17 @@ def check_stage(stage: Stage, name: str) -> None:
 
 
 def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
-    """MLIR (bytecode or text) parsed for `target`; a bundle stage is also fitted to it."""
+    """MLIR (bytecode or text) parsed for `target`; a bundle stage is also fitted to it (a source
+    stage is first made MLIR text, and failing to parse it names both IREE releases)."""
+    if stage is not None and stage.is_source:
+        data = source.source_text(stage, data, name)
     try:
         module = compiler_for(target).parse(data, name=name)
     except FinalizeError:
         raise
     except CompileError as exc:
+        if stage is not None and stage.is_source:
+            raise source.unreadable(stage, name, str(exc)) from None
         raise FinalizeError(str(exc)) from None
     if stage is not None:
         fit(module, stage, target)
@@ -61,7 +72,7 @@ def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
 
 def stage_module(bundle: Bundle, record: KernelRecord, target: Target):
     """The kernel's stage for `target`, parsed and fitted, and that stage."""
-    stage = record.stage(target.family)
+    stage = source.readable_stage(record, target.family)
     check_stage(stage, record.name)
     return fitted(bundle.blob(stage.blob), stage, target, record.name), stage
 

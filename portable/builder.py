@@ -14,6 +14,7 @@ from portkern.portable.contract_ir import build_contract
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
 from portkern.portable.lower import PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
+from portkern.portable.source import source_stage
 from portkern.portable.verify import read_back
 
 #: Called before each kernel is built, with its spec, index and the kernel count.
@@ -22,27 +23,29 @@ Progress = Callable[[KernelSpec, int, int], None]
 Finish = Callable[[Bundle], Bundle]
 
 
-def build(manifest: Manifest, progress: Progress | None = None) -> Bundle:
-    """Lower every kernel of a manifest and gather them in a bundle (not yet written)."""
+def build(manifest: Manifest, progress: Progress | None = None, source: bool = True) -> Bundle:
+    """Lower every kernel of a manifest and gather them in a bundle (not yet written); `source`:
+    MLIR and ONNX kernels also keep their source stage (`portable.source`)."""
     compiler = Compiler()
     records: list[KernelRecord] = []
     blobs: dict[str, bytes] = {}
     for index, spec in enumerate(manifest.kernels):
         if progress:
             progress(spec, index, len(manifest.kernels))
-        record, kernel_blobs = build_kernel(spec, compiler, manifest.targets)
+        record, kernel_blobs = build_kernel(spec, compiler, manifest.targets, source)
         records.append(record)
         blobs.update(kernel_blobs)
     return Bundle(manifest.bundle, tuple(records), blobs)
 
 
 def build_kernel(
-    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",)
+    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",), source: bool = True
 ) -> tuple[KernelRecord, dict[str, bytes]]:
     """One kernel's bundle record and the blobs it refers to.
 
     `targets` are the manifest's device families: each GPU family among them
-    adds a stage lowered for that family's placeholder target.
+    adds a stage lowered for that family's placeholder target. With `source`,
+    an MLIR or ONNX kernel also keeps its source stage, for other IREE releases.
     """
     source_sha = hashlib.sha256(spec.source.read_bytes()).hexdigest()
     if spec.kind in ("mlir", "onnx"):
@@ -56,6 +59,10 @@ def build_kernel(
                 if stage is not None:
                     stages.append(stage)
                     blobs[stage.blob] = data
+        if source:
+            stage, data = source_stage(spec, lowered)
+            stages.append(stage)
+            blobs[stage.blob] = data
         contract = build_contract(spec, compiler, lowered.source, lowered.entry, lowered.signature)
         signature = replace(lowered.signature, contract=contract)
         record = KernelRecord(spec.name, spec.kind, lowered.entry, signature, tuple(stages), source_sha)
@@ -87,11 +94,11 @@ def self_check(data: bytes, output: str | Path) -> None:
 
 
 def build_file(
-    manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None
+    manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None, source: bool = True
 ) -> Bundle:
-    """Build the bundle a manifest describes and write it to `output`."""
-    bundle = build(load_manifest(manifest_path), progress)
+    """Build the bundle a manifest describes and write it to `output` (`source`: see `build`)."""
+    bundle = build(load_manifest(manifest_path), progress, source)
     if finish is not None:
         bundle = finish(bundle)
     digest = write_bundle(bundle, output, check=lambda data: self_check(data, output))
-    return Bundle(bundle.name, bundle.kernels, bundle.blobs, digest, bundle.version)
+    return Bundle(bundle.name, bundle.kernels, bundle.blobs, digest, bundle.written_version())

@@ -33,7 +33,13 @@ from portkern.portable.producer import Producer
 
 MAGIC = b"\x89PKB\r\n\x1a\n"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+#: The newest minor version this portkern reads. It writes the oldest one that holds the bundle:
+#: 1.1 when a kernel has a source stage (phase `start`, docs/bundle-format.md), else 1.0.
+FORMAT_MINOR = 1
+#: The first minor version with source stages.
+SOURCE_MINOR = 1
+#: The phase of a source stage: the kernel as written, not lowered at all.
+SOURCE_PHASE = "start"
 HEADER_SIZE = framing.HEADER_SIZE
 
 #: Reader limits. A bundle over any of them is refused with OversizeFieldError.
@@ -115,6 +121,13 @@ class Stage:
     producer: Producer
     #: The placeholder target a family stage was lowered for, to be swapped on the device.
     placeholder: str | None = None
+    #: A source stage of an ONNX model: its `opset` and `ir_version`.
+    model: Mapping[str, int] | None = None
+
+    @property
+    def is_source(self) -> bool:
+        """Whether this is the kernel's source stage (read by any IREE release that parses it)."""
+        return self.phase == SOURCE_PHASE
 
     def to_dict(self) -> dict:
         data = {
@@ -127,6 +140,8 @@ class Stage:
         }
         if self.placeholder is not None:
             data["placeholder"] = self.placeholder
+        if self.model is not None:
+            data["model"] = dict(self.model)
         return data
 
     @classmethod
@@ -139,6 +154,7 @@ class Stage:
             data["size"],
             Producer.from_dict(data["producer"]),
             data.get("placeholder"),
+            data.get("model"),
         )
 
 
@@ -179,13 +195,17 @@ class KernelRecord:
 
     def stage(self, family: str = "any") -> Stage:
         """The stage to finalise for a device family: the family's own stage if
-        there is one, else the device-independent one."""
+        there is one, else the device-independent one (never the source stage)."""
         for wanted in dict.fromkeys((family, "any")):
             for stage in self.stages:
-                if stage.family == wanted:
+                if stage.family == wanted and not stage.is_source:
                     return stage
         have = ", ".join(f"{s.family}/{s.phase}" for s in self.stages)
         raise BundleError(f"kernel {self.name!r} has no {family!r} stage (it has: {have})")
+
+    def source_stage(self) -> Stage | None:
+        """The kernel's source stage, None when it was built without one (`portkern build --no-source`)."""
+        return next((stage for stage in self.stages if stage.is_source), None)
 
     def to_dict(self) -> dict:
         data = {
@@ -224,7 +244,7 @@ class Bundle:
     blobs: Mapping[str, bytes]
     #: sha256 of the payload, hex; set when read from or written to a file.
     digest: str = ""
-    version: tuple[int, int] = (FORMAT_MAJOR, FORMAT_MINOR)
+    version: tuple[int, int] = (FORMAT_MAJOR, 0)
 
     def kernel(self, name: str) -> KernelRecord:
         from portkern.errors import KernelNotFoundError, did_you_mean
@@ -239,10 +259,15 @@ class Bundle:
     def blob(self, sha: str) -> bytes:
         return self.blobs[sha]
 
+    def written_version(self) -> tuple[int, int]:
+        """The oldest format version that holds this bundle (what `encode` writes)."""
+        with_source = any(stage.is_source for record in self.kernels for stage in record.stages)
+        return (FORMAT_MAJOR, SOURCE_MINOR if with_source else 0)
+
     def meta(self) -> dict:
         return {
             "format": "portkern-bundle",
-            "version": list(self.version),
+            "version": list(self.written_version()),
             "name": self.name,
             "kernels": [k.to_dict() for k in self.kernels],
         }
@@ -255,7 +280,7 @@ def sha256(data: bytes) -> str:
 def encode(bundle: Bundle) -> bytes:
     """The bundle's bytes. Equal contents give equal bytes."""
     blobs = {sha: bundle.blobs[sha] for sha in sorted(bundle.blobs)}
-    return framing.pack(_format(), {"meta": bundle.meta(), "blobs": blobs})
+    return framing.pack(_format(bundle.written_version()[1]), {"meta": bundle.meta(), "blobs": blobs})
 
 
 def write_bundle(bundle: Bundle, path: str | Path, check: Callable[[bytes], object] | None = None) -> str:
@@ -290,13 +315,13 @@ def decode_file(path: str | Path, data: bytes, validated: Callable[[str], bool] 
         raise type(exc)(f"{path}: {exc}") from None
 
 
-def _format() -> framing.Format:
-    """The bundle file format, with the reader limits as they are now."""
+def _format(minor: int = FORMAT_MINOR) -> framing.Format:
+    """The bundle file format (written as `minor`; read up to `FORMAT_MINOR`), with the reader limits as they are now."""
     return framing.Format(
         "bundle",
         MAGIC,
         FORMAT_MAJOR,
-        FORMAT_MINOR,
+        minor,
         truncated=BundleTruncatedError,
         bad_magic=BadMagicError,
         unsupported=UnsupportedVersionError,
@@ -316,6 +341,8 @@ def decode(data: bytes, validated: Callable[[str], bool] | None = None) -> Bundl
     meta, blobs = framing.meta_and_blobs(document, "bundle", MalformedBundleError, validate=not skip)
     _check_names(meta)
     _check_blobs(meta, blobs)
+    if version[1] < SOURCE_MINOR and any(stage.get("phase") == SOURCE_PHASE for k in meta["kernels"] for stage in k["stages"]):
+        raise MalformedBundleError(f"source stages need format 1.{SOURCE_MINOR}; the header says {version[0]}.{version[1]}")
     return Bundle(
         meta["name"],
         tuple(KernelRecord.from_dict(k) for k in meta["kernels"]),

@@ -1,0 +1,139 @@
+"""The source stage: a bundle of another IREE release (simulated by re-sealing a bundle with another
+producer record; bench/compat.py uses a real IREE 3.12) runs from its source stage, a `--no-source`
+bundle is refused across releases, and an unreadable source stage is a typed error naming both releases."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import zlib
+from pathlib import Path
+
+import pytest
+from helpers import assert_matches
+
+import portkern
+from portkern.cli.main import main
+from portkern.errors import IncompatibleProducerError
+from portkern.examples import MANIFEST
+from portkern.examples.reference import EXAMPLES
+from portkern.portable.bundle import Bundle, read_bundle, sha256, write_bundle
+from portkern.portable.builder import build_file
+from portkern.portable.producer import installed_compiler
+from portkern.portable.source import MLIR_TEXT, ONNX_PROTOBUF, CompatibilityWarning
+
+OTHER = "3.12.0"
+
+
+def reseal(path: Path, out: Path, version: str = OTHER, source=None) -> Path:
+    """`path` with every stage's producer set to IREE `version` (and the MLIR kernels' source stage
+    replaced by `source` bytes, when given), sealed again as a valid bundle."""
+    bundle = read_bundle(path)
+    blobs = dict(bundle.blobs)
+    kernels = []
+    for record in bundle.kernels:
+        stages = []
+        for stage in record.stages:
+            stage = dataclasses.replace(stage, producer=dataclasses.replace(stage.producer, version=version))
+            if source is not None and stage.is_source and stage.format == MLIR_TEXT:
+                blobs.pop(stage.blob, None)
+                stage = dataclasses.replace(stage, blob=sha256(source), size=len(source))
+                blobs[stage.blob] = source
+            stages.append(stage)
+        kernels.append(dataclasses.replace(record, stages=tuple(stages)))
+    write_bundle(Bundle(bundle.name, tuple(kernels), blobs), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def foreign(examples_bundle, tmp_path_factory) -> Path:
+    return reseal(examples_bundle, tmp_path_factory.mktemp("foreign") / "foreign.pkb")
+
+
+def test_the_builder_keeps_a_source_stage_per_kernel(examples_bundle):
+    bundle = read_bundle(examples_bundle)
+    assert bundle.version == (1, 1)
+    for record in bundle.kernels:
+        source = record.source_stage()
+        assert source is not None and source.phase == "start" and record.stage("any").phase == "flow"
+        if record.kind == "onnx":
+            assert source.format == ONNX_PROTOBUF and source.model == {"opset": 17, "ir_version": 8}
+            assert bundle.blob(source.blob) == (MANIFEST.parent / "mlp.onnx").read_bytes()
+        else:
+            assert source.format == MLIR_TEXT
+            assert zlib.decompress(bundle.blob(source.blob)) == (MANIFEST.parent / f"{record.name}.mlir").read_bytes()
+
+
+@pytest.mark.parametrize("name", ["gemm_bias_relu", "gemm_glu", "mlp"])
+def test_a_foreign_release_bundle_runs_from_its_source_stage(foreign, store, rng, name):
+    with pytest.warns(CompatibilityWarning, match=f"built with IREE {OTHER}, IREE {installed_compiler().version} is installed"):
+        bundle = portkern.load(foreign, store=store)
+    kernel = bundle.kernel(name)
+    assert kernel.stage == f"source (built with IREE {OTHER})" and kernel.origin == "finalized"
+    example = EXAMPLES[name]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    (entry,) = [e for e in store.entries() if e.kernel == name]
+    assert entry.stage == kernel.stage  # what `cache ls` shows
+
+
+def test_a_same_release_bundle_uses_its_flow_stage(examples_bundle, store):
+    kernel = portkern.load(examples_bundle, store=store).kernel("gemm_rowsum")
+    assert kernel.stage == "any/flow"
+
+
+def test_format_versions_older_readers_refuse_and_headers_must_hold_the_stages(examples_bundle):
+    from portkern.errors import MalformedBundleError, UnsupportedVersionError
+    from portkern.portable import bundle as bundle_format
+    from portkern.portable import framing
+
+    data = examples_bundle.read_bytes()
+    with pytest.raises(UnsupportedVersionError, match=r"1\.1 is not supported \(this portkern reads 1\.0 to 1\.0\)"):
+        framing.unpack(bundle_format._format(0), data)  # a 1.0 reader
+    built = read_bundle(examples_bundle)
+    understated = framing.pack(bundle_format._format(0), {"meta": {**built.meta(), "version": [1, 0]}, "blobs": dict(built.blobs)})
+    with pytest.raises(MalformedBundleError, match="source stages need format 1.1"):
+        bundle_format.decode(understated)
+
+
+def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
+    built = tmp_path / "plain.pkb"
+    build_file(MANIFEST, built, source=False)
+    assert read_bundle(built).version == (1, 0)  # the oldest version that holds it
+    assert all(record.source_stage() is None for record in read_bundle(built).kernels)
+    with pytest.raises(IncompatibleProducerError, match=f"built with IREE {OTHER}, but IREE {installed_compiler().version}"):
+        portkern.load(reseal(built, tmp_path / "plain-foreign.pkb"))
+
+
+@pytest.mark.parametrize(
+    "blob, why",
+    [
+        (zlib.compress(b"func.func @gemm_bias_relu(%a: tensor<4xf32> -> {"), "expected"),
+        (b"not zlib at all", "damaged"),
+        (zlib.compress(b"x" * 100)[:-4], "truncated"),
+    ],
+    ids=["unparseable", "not-zlib", "truncated"],
+)
+def test_an_unreadable_source_stage_names_both_releases(examples_bundle, tmp_path, store, blob, why):
+    bad = reseal(examples_bundle, tmp_path / "bad.pkb", source=blob)
+    with pytest.warns(CompatibilityWarning):
+        bundle = portkern.load(bad, store=store)
+    with pytest.raises(IncompatibleProducerError) as caught:
+        bundle.kernel("gemm_bias_relu")
+    message = str(caught.value)
+    assert OTHER in message and installed_compiler().version in message and why in message
+    assert bundle.kernel("mlp").stage.startswith("source")  # the other kernels still run
+
+
+def test_cli_build_no_source_and_inspect_show_the_stages(tmp_path, capsys):
+    assert main(["build", str(MANIFEST), "-o", str(tmp_path / "a.pkb"), "--json"]) == 0
+    with_source = json.loads(capsys.readouterr().out)
+    assert main(["build", str(MANIFEST), "-o", str(tmp_path / "b.pkb"), "--no-source", "--json"]) == 0
+    without = json.loads(capsys.readouterr().out)
+    assert with_source["format_version"] == "1.1"
+    phases = {k["name"]: [s["phase"] for s in k["stages"]] for k in with_source["kernels"]}
+    assert phases["gemm_glu"] == ["flow", "start"] and phases["mlp"] == ["flow", "start"]
+    assert all([s["phase"] for s in k["stages"]] == ["flow"] for k in without["kernels"])
+    assert main(["inspect", str(tmp_path / "a.pkb")]) == 0
+    shown = capsys.readouterr().out
+    assert "source (mlir-text-zlib)" in shown and "source (onnx-protobuf, opset 17, IR v8)" in shown
