@@ -121,7 +121,14 @@ def main() -> int:
     if platform.machine().lower() not in ("x86_64", "amd64"):
         print("the ISA-level baselines here are x86-64 ones; nothing to measure on this machine")
         return 0
-    root = Path(tempfile.mkdtemp(prefix="portkern-bench-cold-"))
+    with tempfile.TemporaryDirectory(prefix="portkern-bench-cold-") as tmp:
+        rows = measure(Path(tmp), args)
+    report(rows, args)
+    return 0
+
+
+def measure(root: Path, args: argparse.Namespace) -> list[dict]:
+    """One row per kernel (see the module docstring)."""
     shapes = write_gemms(root, args.kernels, args.seed)
     (root / "manifest.yaml").write_text("\n".join(["bundle: held-out", "kernels:", *manifest_lines(shapes)]) + "\n")
     bundle = root / "held-out.pkb"
@@ -157,10 +164,14 @@ def main() -> int:
         row["first_ratio"] = row["first_baseline_s"] / row["first_source_s"]
         row["exact_over_direct"] = row["exact_call_ms"] / row["direct_call_ms"]
         rows.append(row)
+    return rows
+
+
+def report(rows: list[dict], args: argparse.Namespace) -> None:
     if args.json:
         json.dump({"repeat": args.repeat, "calls": args.calls, "kernels": rows}, sys.stdout, indent=2)
         print()
-        return 0
+        return
     print(f"cold start, fresh process and cache per run, median of {args.repeat}; apart: probe of this CPU "
           f"{statistics.median(r['probe_s'] for r in rows):.2f} s (once per machine and cache), opening the bundle "
           f"{statistics.median(r['load_s'] for r in rows) * 1e3:.0f} ms (once per bundle)")
@@ -174,7 +185,6 @@ def main() -> int:
         print(f"{r['kernel']:<8} {'x'.join(map(str, r['shape'])):<12} {r['served']:<12} {r['first_baseline_s'] * 1e3:>10.1f} ms "
               f"{r['first_source_s'] * 1e3:>9.1f} ms {r['first_ratio']:>6.3f}  {r['baseline_call_ms']:>11.3f} ms {r['exact_call_ms']:>5.3f} ms "
               f"{r['direct_call_ms']:>5.3f} ms {r['exact_over_direct']:>12.3f}  {checks}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Figures are medians over --repeat rounds; the rounds interleave the compared sid
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -161,6 +162,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="portkern-bench-workers-"))
+    atexit.register(shutil.rmtree, root, True)
     path = root / "examples.pkb"
     build_file(MANIFEST, path)
     names = portkern.load(path, store=fresh_store(root)).names()

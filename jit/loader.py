@@ -98,6 +98,8 @@ class LoadedBundle(NativeCode):
         `tune=None` never searches: it uses the config stored for this device
         by an earlier tuning run, else the compiler's default. `tune="quick"`,
         `"full"`, ... tune now (unless a result is stored) and store the winner.
+        Where baseline code serves at once (origin "baseline"), the exact code,
+        tuned when `tune` asks, is built in the background (`Kernel.wait`).
         For a kernel with dynamic dimensions, `shapes=[...]` (one entry per
         shape: a shape per argument, or {argument name: shape}) tunes now for
         those shapes' buckets; calls in a tuned bucket run its code, others the
@@ -113,21 +115,15 @@ class LoadedBundle(NativeCode):
         check_toolchain(record, target)
         if shapes is not None and tune in NO_SEARCH:
             raise TuningError(f"shapes= says what to tune {name!r} for; it needs a tuning strategy (tune='quick', ...)")
-        config, tuning = self.config_for(record, target, tune)
+        later = background.enabled()
+        if later and shapes is None and tune not in NO_SEARCH:
+            baseline = self._baseline(record, target)
+            if baseline is not None:  # a cold device: tune in the background
+                kernel = Kernel(record, target, baseline, self._executable(record, target, baseline), None, self._bucket_table(record, target))
+                kernel._specialise(self.pool, lambda: self._final(record, target, tune))
+                return kernel
+        plan, native, tuning = self._resolve(record, target, tune, baselines=later)
         buckets = tune_kernel_shapes(self, record, target, tune, shapes) if shapes is not None else None
-        plan = self.plan(record, target, config)
-        try:
-            native = self.obtain(plan)
-        except (FinalizeError, PerfConfigError) as exc:
-            if config == DEFAULT_CONFIG:
-                raise
-            self._set_aside(record, target, config, exc)
-            tuning, plan = None, self.plan(record, target)
-            native = self.obtain(plan)
-        if native.origin == "baseline" and not background.enabled():
-            native = self.obtain(plan, baselines=False)
-        if tuning is not None and tuning.source == "search":
-            native = replace(native, origin="tuned")
         try:
             executable = self._executable(record, target, native)
         except KernelRuntimeError as exc:
@@ -141,8 +137,41 @@ class LoadedBundle(NativeCode):
             executable = self._executable(record, target, native)
         kernel = Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets, describe(plan.stage))
         if native.origin == "baseline":
-            kernel._specialise(self, plan)
+            kernel._specialise(self.pool, lambda: self._final(record, target, tune))
         return kernel
+
+    def _resolve(self, record: KernelRecord, target: Target, tune: str | None, baselines: bool) -> tuple:
+        """(plan, native code, tuning result) for a kernel: its config (tuned now if `tune` asks),
+        then the code; a stored config that does not build is set aside for the default."""
+        config, tuning = self.config_for(record, target, tune)
+        plan = self.plan(record, target, config)
+        try:
+            native = self.obtain(plan, baselines)
+        except (FinalizeError, PerfConfigError) as exc:
+            if config == DEFAULT_CONFIG:
+                raise
+            self._set_aside(record, target, config, exc)
+            tuning, plan = None, self.plan(record, target)
+            native = self.obtain(plan, baselines)
+        if tuning is not None and tuning.source == "search":
+            native = replace(native, origin="tuned")
+        return plan, native, tuning
+
+    def _final(self, record: KernelRecord, target: Target, tune: str | None) -> tuple:
+        """The exact code (tuned if `tune` asks), loaded, and the tuning result: what a kernel
+        served from a baseline switches to."""
+        _, native, tuning = self._resolve(record, target, tune, baselines=False)
+        return native, self._executable(record, target, native), tuning
+
+    def _baseline(self, record: KernelRecord, target: Target) -> Native | None:
+        """Baseline code for the default config, on a device that has neither the exact code nor
+        a tuning result for this kernel yet (found without compiling anything)."""
+        plan = self.plan(record, target)
+        tuned = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
+        if tuned is not None or self.cached(plan, count=False) is not None:
+            return None
+        found = self._named_cpu(plan)
+        return found if found is not None and found.origin == "baseline" else None
 
     def _bucket_table(self, record: KernelRecord, target: Target) -> dict:
         """The tuned buckets' code of a kernel with dynamic dimensions (empty when none is tuned)."""
@@ -232,18 +261,17 @@ class Kernel:
         #: The exact code being built while baseline code serves (None when there is none).
         self.specialisation: background.Specialisation | None = None
 
-    def _specialise(self, bundle: "LoadedBundle", plan) -> None:
-        """Build the exact code for `plan` in the background and switch to it when it is ready."""
-
-        def build():
-            native = bundle.obtain(plan, baselines=False)
-            return native, bundle._executable(self.record, self.target, native)
+    def _specialise(self, pool, build) -> None:
+        """Run `build()` -> (native, executable, tuning) on `pool`'s side in the background and
+        switch to its code when it is ready."""
 
         def install(built) -> None:
+            native, executable, tuning = built
+            self.tuning = tuning
             # One assignment swaps both: a call reads `_code` once and runs what it read.
-            self._code = built
+            self._code = (native, executable)
 
-        self.specialisation = background.Specialisation(self.name, bundle.pool, build, install)
+        self.specialisation = background.Specialisation(self.name, pool, build, install)
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait for the exact code being built in the background (origin "baseline" until then).

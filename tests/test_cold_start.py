@@ -173,3 +173,16 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def test_tune_on_a_cold_device_serves_the_baseline_and_tunes_in_the_background(levels, store):
+    kernel = portkern.load(levels, store=store).kernel(NAME, tune="quick")
+    assert kernel.origin == "baseline" and kernel.tuning is None
+    check(kernel, 5)
+    assert kernel.wait(), kernel.specialisation.error
+    assert kernel.tuning is not None and kernel.native.built_for == cpu.host(store).label
+    assert kernel.origin == ("tuned" if kernel.tuning.source == "search" else "finalized")
+    assert kernel.config == kernel.tuning.config
+    check(kernel, 6)
+    again = portkern.load(levels, store=store).kernel(NAME, tune="quick")  # the device is warm now: no baseline
+    assert again.specialisation is None and again.config == kernel.config
