@@ -2,9 +2,9 @@
 `light` models (small stand-ins of resnet50, densenet121, ...), its shipped `pytorch-converted`
 models, and node conformance cases (generated in-process; the wheel ships no node data).
 
-`manifest` writes a model set as a manifest, each model copied with its graph named after its
-kernel and its values given identifier names (PyTorch exports name the graph `torch-jit-export` and
-values `0`, `1`, ...), so entry and argument names are plain symbols.
+`manifest` writes a model set as a manifest, each model made a kernel by
+`portkern.portable.onnx_model.as_kernel` (graph named after the kernel, values given identifier
+names: PyTorch exports name the graph `torch-jit-export` and values `0`, `1`, ...).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from portkern.portable.onnx_model import as_kernel, kernel_name
 
 #: A representative subset of the node conformance cases: convolutions, pooling, reductions,
 #: softmax and attention, contractions, normalisation, elementwise.
@@ -54,11 +56,6 @@ def _data_dir() -> Path:
     return Path(onnx.__file__).parent / "backend" / "test" / "data"
 
 
-def kernel_name(text: str) -> str:
-    """A kernel name (letters, digits, underscores) for a model name."""
-    return "".join(c if c.isalnum() else "_" for c in text).strip("_") or "model"
-
-
 def light_models() -> list[Model]:
     """The `light` models shipped in the onnx package."""
     return [Model(kernel_name(p.stem), "light", p) for p in sorted((_data_dir() / "light").glob("*.onnx"))]
@@ -97,26 +94,10 @@ def manifest(models: list[Model], directory: Path, bundle: str) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     lines = [f"bundle: {bundle}", "kernels:"]
     for model in models:
-        proto = onnx.load_from_string(model.data) if model.data is not None else onnx.load(str(model.path))
-        proto.graph.name = model.name
-        _identifier_names(proto.graph)
+        proto = as_kernel(onnx.load_from_string(model.data) if model.data is not None else onnx.load(str(model.path)), model.name)
         path = directory / f"{model.name}.onnx"
         path.write_bytes(proto.SerializeToString())
         lines += [f"  - name: {model.name}", f"    source: {path.name}"]
     target = directory / "manifest.yaml"
     target.write_text("\n".join(lines) + "\n")
     return target
-
-
-def _identifier_names(graph) -> None:
-    """Rename the graph's values that are not identifiers (`0` -> `v_0`), everywhere they occur."""
-    def fixed(name: str) -> str:
-        return name if not name or name.isidentifier() else "v_" + kernel_name(name)
-
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        value.name = fixed(value.name)
-    for tensor in graph.initializer:
-        tensor.name = fixed(tensor.name)
-    for node in graph.node:
-        node.input[:] = [fixed(n) for n in node.input]
-        node.output[:] = [fixed(n) for n in node.output]

@@ -9,6 +9,7 @@ import numpy as np
 
 from portkern.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
 from portkern.portable.bundle import Signature
+from portkern.portable.dtypes import numpy_dtype
 from portkern.portable.expr import Expr
 from portkern.portable.launch import Launch
 
@@ -27,10 +28,10 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
         if not isinstance(arg, (np.ndarray, np.generic)):
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} must be a numpy array of {spec}, got {type(arg).__name__}"
-                + (f" (pass a scalar as a NumPy scalar: np.{np.dtype(spec.dtype).name}({arg!r}))" if not spec.shape and isinstance(arg, (int, float, bool)) else "")
+                + (f" (pass a scalar as a NumPy scalar: np.{numpy_dtype(spec.dtype).name}({arg!r}))" if not spec.shape and isinstance(arg, (int, float, bool)) else "")
             )
         array = np.asarray(arg)
-        if array.dtype != np.dtype(spec.dtype):
+        if array.dtype != numpy_dtype(spec.dtype):
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} must have dtype {spec.dtype}, got {array.dtype}"
             )

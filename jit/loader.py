@@ -19,6 +19,7 @@ from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, ch
 from portkern.jit.target import Target
 from portkern.jit.toolchain import toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_bytes
+from portkern.portable.dtypes import as_declared
 from portkern.portable.producer import installed_compiler
 from portkern.portable.source import CompatibilityWarning, describe, foreign_release
 from portkern.portable.verify import check_kernels
@@ -319,7 +320,7 @@ class Kernel:
         if self.buckets:
             _, _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])
             executable = code[1] if code is not None else executable
-        results = executable(*arrays)
+        results = [as_declared(r, spec.dtype) for r, spec in zip(executable(*arrays), self.signature.results)]
         return results[0] if len(results) == 1 else tuple(results)
 
     def code_for(self, *args: np.ndarray) -> dict:

@@ -178,7 +178,7 @@ class Executable:
         with interrupts_deferred():
             try:
                 return loaded.function(*arrays)
-            except (RuntimeError, ValueError) as exc:
+            except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
     def _run(self, arrays):

@@ -12,7 +12,7 @@ from portkern.portable.bundle import Bundle, KernelRecord, Stage, sha256, write_
 from portkern.portable.compiler import Compiler, bytecode
 from portkern.portable.contract_ir import build_contract
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
-from portkern.portable.lower import PORTABLE_PHASE, Lowered, lower_source
+from portkern.portable.lower import BUILD_FLAGS, PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
 from portkern.portable.source import source_stage
 from portkern.portable.verify import read_back
@@ -26,7 +26,7 @@ Finish = Callable[[Bundle], Bundle]
 def build(manifest: Manifest, progress: Progress | None = None, source: bool = True) -> Bundle:
     """Lower every kernel of a manifest and gather them in a bundle (not yet written); `source`:
     MLIR and ONNX kernels also keep their source stage (`portable.source`)."""
-    compiler = Compiler()
+    compiler = Compiler(BUILD_FLAGS)
     records: list[KernelRecord] = []
     blobs: dict[str, bytes] = {}
     for index, spec in enumerate(manifest.kernels):

@@ -12,33 +12,22 @@ from pathlib import Path
 from portkern.errors import BuildError, CompileError, brief
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
+from portkern.portable.dtypes import BY_ELEMENT
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_limits import check_model
+from portkern.portable.onnx_model import failing_operator
 from portkern.portable.producer import Producer, current_producer
 
 #: The phase stored as the device-independent stage.
 PORTABLE_PHASE = "flow"
 
+#: Flags of the compiler session that lowers sources: f64 stays f64 (by default IREE demotes it
+#: to f32 and changes the entry function's signature under the caller).
+BUILD_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
+
 ONNX_OPSET = 17
 ONNX_IMPORT_TIMEOUT_S = 600
 
-_DTYPES = {
-    "f16": "float16",
-    "f32": "float32",
-    "f64": "float64",
-    "i1": "bool",
-    "i8": "int8",
-    "i16": "int16",
-    "i32": "int32",
-    "i64": "int64",
-    "si8": "int8",
-    "si16": "int16",
-    "si32": "int32",
-    "si64": "int64",
-    "ui8": "uint8",
-    "ui16": "uint16",
-    "ui32": "uint32",
-    "ui64": "uint64",
-}
 _TORCH_TENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(\w+)>$")
 
 
@@ -57,6 +46,7 @@ class Lowered:
 def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
     """Lower an `mlir` or `onnx` kernel to the portable (flow) stage."""
     if spec.kind == "onnx":
+        check_model(spec.source.read_bytes(), str(spec.source))
         text = import_onnx(spec.source)
     else:
         text = spec.source.read_bytes()
@@ -64,8 +54,12 @@ def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
         module = compiler.parse(text, name=spec.name)
         entry, signature = find_entry(module, spec)
         lowered = compiler.lower(module, from_phase="start", to_phase=PORTABLE_PHASE, name=spec.name)
+    except BuildError:
+        raise
     except CompileError as exc:
-        raise BuildError(f"{spec.source}: {str(exc).replace(chr(34) + '-' + chr(34), spec.source.name)}") from None
+        message = str(exc).replace(chr(34) + '-' + chr(34), spec.source.name)
+        op = failing_operator(text, message) if spec.kind == "onnx" else None
+        raise BuildError(f"{spec.source}: {f'IREE cannot compile ONNX operator {op}: ' if op else ''}{message}") from None
     data = bytecode(lowered)
     return Lowered(entry, signature, data, current_producer(bytecode_version(data)), text)
 
@@ -147,7 +141,7 @@ def _tensor(mlir_type, what: str, spec: KernelSpec) -> TensorSpec:
 
 def _dtype(element: str, what: str, spec: KernelSpec) -> str:
     try:
-        return _DTYPES[element]
+        return BY_ELEMENT[element]
     except KeyError:
         raise BuildError(
             f"{spec.source}: {what} of {spec.name!r} has element type {element}, which has no NumPy dtype"

@@ -52,8 +52,10 @@ def test_several_public_functions_need_an_entry(tmp_path):
 
 
 def test_unsupported_element_type(tmp_path):
-    with pytest.raises(BuildError, match="argument 0 of 'k' has element type bf16, which has no NumPy dtype"):
-        _build(tmp_path, "func.func @k(%a: tensor<4xbf16>) -> tensor<4xbf16> { return %a : tensor<4xbf16> }\n")
+    with pytest.raises(BuildError, match="argument 0 of 'k' has element type i4, which has no NumPy dtype"):
+        _build(tmp_path, "func.func @k(%a: tensor<4xi4>) -> tensor<4xi4> { return %a : tensor<4xi4> }\n")
+    bundle = _build(tmp_path, "func.func @k(%a: tensor<4xbf16>) -> tensor<4xbf16> { return %a : tensor<4xbf16> }\n")
+    assert bundle.kernel("k").signature.inputs[0].dtype == "bfloat16"  # through ml_dtypes
 
 
 def test_dynamic_shapes_are_recorded(tmp_path):

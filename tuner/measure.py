@@ -20,6 +20,7 @@ import numpy as np
 
 from portkern.errors import TuningError
 from portkern.portable.bundle import Signature
+from portkern.portable.dtypes import numpy_dtype
 
 WARMUP = 3
 RUNS = 20
@@ -75,7 +76,7 @@ def make_inputs(signature: Signature, seed: int = 0) -> list[np.ndarray]:
         if any(d is None for d in spec.shape):
             raise TuningError(f"argument {index} has a dynamic dimension ({spec}); inputs need sizes (tune per shape bucket)")
         shape = tuple(spec.shape)
-        dtype = np.dtype(spec.dtype)
+        dtype = numpy_dtype(spec.dtype)
         if dtype.kind == "f":
             arrays.append(rng.uniform(-1.0, 1.0, shape).astype(dtype))
         elif dtype.kind == "b":

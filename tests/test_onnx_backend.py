@@ -1,0 +1,156 @@
+"""`portkern.onnx`: the ONNX backend API (prepare, run_model, run_node, supports_device) over build ->
+bundle -> finalise -> run, and node cases run through it by onnx's own backend test runner."""
+
+from __future__ import annotations
+
+import unittest
+import warnings
+
+import numpy as np
+import pytest
+
+onnx = pytest.importorskip("onnx", reason="the ONNX backend needs the onnx package (portkern[onnx])")
+
+import onnx.backend.test  # noqa: E402
+from onnx import TensorProto, helper  # noqa: E402
+
+import portkern.onnx as backend  # noqa: E402
+from portkern.cache.config import CacheConfig  # noqa: E402
+from portkern.cache.store import Store  # noqa: E402
+from portkern.errors import ArgumentShapeError, ArgumentTypeError, BuildError, DeviceError  # noqa: E402
+
+#: Node cases run by `onnx.backend.test.BackendTest`, as any backend's test module runs them.
+BACKEND_TEST_CASES = ("test_abs", "test_add_bcast", "test_matmul_2d", "test_softmax_axis_1", "test_split_equal_parts_1d_opset18")
+
+
+def model(nodes, inputs, outputs, name="g", opset=17):
+    graph = helper.make_graph(nodes, name, inputs, outputs)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def tensor(name, elem, shape):
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def test_onnx_backend_test_runner_runs_node_cases():
+    """onnx's BackendTest runs node cases through portkern.onnx; a refused one is an expected failure."""
+    with warnings.catch_warnings():  # the case generators' own overflow warnings
+        warnings.simplefilter("ignore")
+        runner = onnx.backend.test.BackendTest(backend.PortkernBackend, __name__)
+    for name in BACKEND_TEST_CASES:
+        runner.include(f"^{name}_cpu$")
+    runner.include("^test_swish_cpu$").xfail("^test_swish_cpu$")  # IREE cannot compile Swish
+    result = unittest.TextTestRunner(verbosity=0, stream=open("/dev/null", "w")).run(runner.test_suite)
+    ran = result.testsRun - len(result.skipped)
+    assert not result.failures and not result.errors, result.failures + result.errors
+    assert ran == len(BACKEND_TEST_CASES) + 1
+    assert len(result.expectedFailures) == 1 and not result.unexpectedSuccesses
+
+
+def test_prepare_and_run_multiple_outputs_by_name(tmp_path):
+    """Two outputs come back as a namedtuple by output name; inputs may be given by name."""
+    m = model(
+        [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("Mul", ["x", "y"], ["p"])],
+        [tensor("x", TensorProto.FLOAT, [2, 3]), tensor("y", TensorProto.FLOAT, [2, 3])],
+        [tensor("s", TensorProto.FLOAT, [2, 3]), tensor("p", TensorProto.FLOAT, [2, 3])],
+    )
+    x, y = np.arange(6, dtype=np.float32).reshape(2, 3), np.full((2, 3), 0.5, np.float32)
+    rep = backend.prepare(m, "CPU", store=Store(CacheConfig(tmp_path, 1 << 30, False)))
+    out = rep.run({"y": y, "x": x})
+    np.testing.assert_allclose(out.s, x + y, rtol=1e-6)
+    np.testing.assert_allclose(out.p, x * y, rtol=1e-6)
+    assert out._fields == ("s", "p")
+    with pytest.raises(ArgumentTypeError, match="no value for input y"):
+        rep.run({"x": x})
+
+
+def test_run_model_integer_types_rank0_and_unsigned():
+    """int64 and uint8 round-trip with their dtypes; a rank-0 output is a 0-d array."""
+    m = model(
+        [helper.make_node("Add", ["a", "b"], ["c"]), helper.make_node("ReduceMax", ["u"], ["m"], keepdims=0)],
+        [tensor("a", TensorProto.INT64, [4]), tensor("b", TensorProto.INT64, [4]), tensor("u", TensorProto.UINT8, [5])],
+        [tensor("c", TensorProto.INT64, [4]), tensor("m", TensorProto.UINT8, [])],
+    )
+    a = np.array([1, -2, 3 << 40, 4], np.int64)
+    u = np.array([3, 250, 7, 0, 129], np.uint8)
+    c, mx = backend.run_model(m, [a, a, u])
+    assert c.dtype == np.int64 and mx.dtype == np.uint8 and mx.shape == ()
+    np.testing.assert_array_equal(c, a + a)
+    assert int(mx) == 250
+
+
+def test_run_node_infers_output_types():
+    node = helper.make_node("Transpose", ["x"], ["y"], perm=[1, 0])
+    x = np.arange(12, dtype=np.float64).reshape(3, 4)
+    (y,) = backend.run_node(node, [x])
+    assert y.dtype == np.float64
+    np.testing.assert_array_equal(y, x.T)
+
+
+def test_same_model_again_is_a_cache_hit(tmp_path):
+    m = model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", TensorProto.FLOAT, [8])], [tensor("y", TensorProto.FLOAT, [8])])
+    store = Store(CacheConfig(tmp_path, 1 << 30, False))
+    first = backend.prepare(m, store=store)
+    second = backend.prepare(m, store=store)
+    assert first.kernel.origin != "cache" and second.kernel.origin == "cache"
+    x = np.linspace(-1, 1, 8, dtype=np.float32)
+    np.testing.assert_array_equal(second.run([x])[0], np.maximum(x, 0))
+
+
+def test_refused_at_build_naming_the_operator():
+    m = model([helper.make_node("Swish", ["x"], ["y"])], [tensor("x", TensorProto.FLOAT, [3])], [tensor("y", TensorProto.FLOAT, [3])], opset=24)
+    with pytest.raises(BuildError, match=r"ONNX model 'g' \(Swish\): IREE cannot compile ONNX operator Swish"):
+        backend.prepare(m)
+
+
+def test_supports_device():
+    assert backend.supports_device("CPU")
+    assert not backend.supports_device("CUDA")
+    assert not backend.supports_device("TPU:0")
+    with pytest.raises(DeviceError, match="runs on CPU"):
+        backend.prepare(model([], [], []), "CUDA")
+
+
+def test_dynamic_dimensions_bound_at_call_time():
+    """A named dimension (dim_param) and an unnamed one (null) take their sizes from each call;
+    arguments sharing the name must agree, and a zero-size call works."""
+    m = model(
+        [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("ReduceSum", ["z"], ["r"], keepdims=0)],
+        [tensor("x", TensorProto.FLOAT, ["n", 3]), tensor("y", TensorProto.FLOAT, ["n", 3]), tensor("z", TensorProto.INT32, [None])],
+        [tensor("s", TensorProto.FLOAT, ["n", 3]), tensor("r", TensorProto.INT32, [])],
+        opset=13,
+    )
+    rep = backend.prepare(m)
+    for n, k in ((1, 4), (5, 0), (0, 7)):
+        x = np.random.default_rng(n).standard_normal((n, 3)).astype(np.float32)
+        z = np.arange(k, dtype=np.int32)
+        s, r = rep.run([x, 2 * x, z])
+        assert s.shape == (n, 3) and r.shape == () and r.dtype == np.int32
+        np.testing.assert_allclose(s, 3 * x, rtol=1e-6)
+        assert int(r) == int(z.sum())
+    with pytest.raises(ArgumentShapeError, match="disagree"):
+        rep.run([np.zeros((2, 3), np.float32), np.zeros((4, 3), np.float32), np.zeros(1, np.int32)])
+
+
+def test_bool_float16_and_bfloat16():
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    m = model(
+        [helper.make_node("Not", ["b"], ["nb"]), helper.make_node("Cast", ["h"], ["hb"], to=TensorProto.BFLOAT16)],
+        [tensor("b", TensorProto.BOOL, [4]), tensor("h", TensorProto.FLOAT16, [4])],
+        [tensor("nb", TensorProto.BOOL, [4]), tensor("hb", TensorProto.BFLOAT16, [4])],
+    )
+    b = np.array([True, False, False, True])
+    h = np.array([0.5, -2.0, 1024.0, 3.25], np.float16)
+    nb, hb = backend.run_model(m, [b, h])
+    assert nb.dtype == np.bool_ and hb.dtype == ml_dtypes.bfloat16
+    np.testing.assert_array_equal(nb, ~b)
+    np.testing.assert_array_equal(hb.astype(np.float32), h.astype(np.float32))
+
+
+def test_a_compiler_crash_is_a_build_error():
+    """IREE's compiler crashes on this case; the build runs in a child process, so the caller gets a BuildError."""
+    from portkern.examples import onnx_conformance as conf
+
+    case = next(c for c in conf.node_cases() if c.name == "test_rotary_embedding_3d_input_expanded")
+    with pytest.raises(BuildError, match="the IREE compiler crashed"):
+        backend.prepare(case.model)

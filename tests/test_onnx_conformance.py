@@ -1,0 +1,45 @@
+"""A seeded, representative subset of the ONNX node conformance cases (every operator family)
+through `portkern.onnx`: each case is correct, or a typed failure listed with its cause in
+`onnx_expected_failures.yaml`; never a wrong result. `bench/onnx_conformance.py` runs all of them,
+side by side with IREE directly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("onnx", reason="the conformance cases come from the onnx package (portkern[onnx])")
+
+from portkern.examples import onnx_conformance as conf  # noqa: E402 - needs onnx
+
+SEED, COUNT = 10, 150
+EXPECTED_FILE = Path(__file__).parent / "onnx_expected_failures.yaml"
+EXPECTED: dict = yaml.safe_load(EXPECTED_FILE.read_text()) or {}
+ALL = conf.node_cases()
+SUBSET = conf.representative(ALL, COUNT, SEED)
+
+
+@pytest.mark.parametrize("case", SUBSET, ids=lambda case: case.name)
+def test_node_case(case):
+    outcome = conf.judge(case, conf.run_portkern)
+    expected = EXPECTED.get(case.name)
+    if expected is None:
+        assert outcome.kind == conf.CORRECT, f"{outcome.kind}: {outcome.detail}"
+        return
+    assert outcome.kind in (conf.REFUSED, conf.FINALIZE, conf.RUN), (
+        f"listed as an expected failure ({expected['cause']}) but {outcome.kind}: {outcome.detail}"
+    )
+    assert conf.cause_of(outcome) == expected["cause"], outcome.detail
+
+
+def test_subset_covers_every_family():
+    assert {case.family for case in SUBSET} == {case.family for case in ALL}
+    assert abs(len(SUBSET) - COUNT) <= 10
+
+
+def test_expected_failures_name_cases_and_causes():
+    names = {case.name for case in ALL}
+    assert set(EXPECTED) <= names, sorted(set(EXPECTED) - names)
+    assert {entry["cause"] for entry in EXPECTED.values()} <= set(conf.CAUSES)
