@@ -5,6 +5,7 @@
 #   ./dev.sh setup                          only set up
 #   ./dev.sh portkern ARGS...               any portkern command (paths relative to where you are)
 #   ./dev.sh bench                          run every benchmark in bench/
+#   ./dev.sh torch [pytest options]         install the torch extra and run the tests that need it (CI runs it)
 #   ./dev.sh compat                         smoke test on every other supported Python and
 #                                           with the lowest dependency versions (CI runs it)
 set -euo pipefail
@@ -116,6 +117,7 @@ case "$cmd" in
   setup) setup ;;
   portkern) setup; portkern="$(cd "$VENV/bin" && pwd)/portkern"; cd "$CALLER_DIR"; exec "$portkern" "$@" ;;
   compat) setup; compat ;;
+  torch) setup; "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[all,torch]"; exec "$VENV/bin/python" -m pytest tests/test_tensors.py "$@" ;;
   bench) setup; for b in bench/*.py; do log "$b"; "$VENV/bin/python" "$b"; done ;;
-  *) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

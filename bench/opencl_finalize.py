@@ -81,10 +81,8 @@ def main() -> int:
     from portkern.examples import OPENCL_MANIFEST
     from portkern.jit import opencl
     from portkern.portable.builder import build_file
-    from portkern.portable.opencl import APT_HINT, missing_tools
 
-    missing = missing_tools("opencl")
-    reason = f"{', '.join(missing)} not installed ({APT_HINT})" if missing else opencl.probe().reason
+    reason = opencl.unavailable()
     if reason:
         print(f"skipped: {reason}")
         return 0

@@ -1,7 +1,8 @@
 """NumPy reference implementations and input generators for the example kernels.
 
-Each entry of EXAMPLES describes one kernel of manifest.yaml or
-manifest_opencl.yaml (the OpenCL C kernels): how to build its
+Each entry of EXAMPLES describes one kernel of manifest.yaml,
+manifest_opencl.yaml (the OpenCL C kernels) or manifest_opencl_tuning.yaml
+(OpenCL C kernels with a parameter space): how to build its
 inputs from a numpy Generator, a NumPy reference returning the list of outputs,
 and the rtol/atol a compiled (f32) kernel must meet against that reference.
 
@@ -152,6 +153,25 @@ def _softmax_rows(x: np.ndarray) -> list[np.ndarray]:
     return [(e / e.sum(axis=1, keepdims=True)).astype(np.float32)]
 
 
+# --- OpenCL C kernels with a parameter space (manifest_opencl_tuning.yaml) ------
+# Sizes are multiples of the largest tiles, as the kernels' `requires:` say.
+
+SPACE_M, SPACE_K, SPACE_N = 192, 320, 256
+TRANSPOSE_M, TRANSPOSE_N = 96, 160
+
+
+def _matmul_space_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return [_uniform(rng, (SPACE_M, SPACE_K), np.sqrt(3.0 / SPACE_K)), _uniform(rng, (SPACE_K, SPACE_N), np.sqrt(3.0))]
+
+
+def _transpose_space_inputs(rng: np.random.Generator) -> list[np.ndarray]:
+    return [_uniform(rng, (TRANSPOSE_M, TRANSPOSE_N))]
+
+
+def _transpose(x: np.ndarray) -> list[np.ndarray]:
+    return [np.ascontiguousarray(x.T)]  # a copy of every element: the kernel must match exactly
+
+
 EXAMPLES: dict[str, Example] = {
     ex.name: ex
     for ex in [
@@ -167,5 +187,7 @@ EXAMPLES: dict[str, Example] = {
         Example("matmul_tiled", _matmul_tiled_inputs, _matmul_tiled, rtol=1e-4, atol=1e-5),
         # Probabilities are ~1e-3 on average and up to ~0.5; exp in f32 is good to a few ulp.
         Example("softmax_rows", _softmax_rows_inputs, _softmax_rows, rtol=1e-5, atol=1e-8),
+        Example("matmul_space", _matmul_space_inputs, _matmul_tiled, rtol=1e-4, atol=1e-5),
+        Example("transpose_space", _transpose_space_inputs, _transpose, rtol=0.0, atol=0.0),
     ]
 }

@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from portkern.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
+from portkern.jit.tensors import as_array, is_tensor
 from portkern.portable.bundle import Signature
 from portkern.portable.dtypes import numpy_dtype
 from portkern.portable.expr import Expr
@@ -15,8 +16,9 @@ from portkern.portable.launch import Launch
 
 
 def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:
-    """The arguments as C-contiguous arrays, or a TypeError/ValueError naming the bad one
-    (two for a break of the shape contract)."""
+    """The arguments (NumPy arrays, or framework tensors with `__dlpack__`, viewed without a
+    copy) as C-contiguous arrays, or a TypeError/ValueError naming the bad one (two for a
+    break of the shape contract)."""
     expected = signature.inputs
     if len(args) != len(expected):
         raise ArgumentTypeError(
@@ -25,6 +27,8 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
         )
     arrays = []
     for index, (arg, spec) in enumerate(zip(args, expected)):
+        if is_tensor(arg):
+            arg = as_array(kernel, index, arg)
         if not isinstance(arg, (np.ndarray, np.generic)):
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} must be a numpy array of {spec}, got {type(arg).__name__}"
@@ -60,8 +64,11 @@ class BoundLaunch:
     global_size: tuple[int, ...]
 
 
-def bind_launch(kernel: str, launch: Launch, local: Sequence[int] | None, arrays: Sequence[np.ndarray]) -> BoundLaunch:
-    """Bind an OpenCL launch description to checked input arrays, or refuse them.
+def bind_launch(
+    kernel: str, launch: Launch, local: Sequence[int] | None, arrays: Sequence[np.ndarray], params: Sequence[tuple[str, int]] = ()
+) -> BoundLaunch:
+    """Bind an OpenCL launch description to checked input arrays, or refuse them
+    (`params`: the values of a parameter space's point, symbols beside the shapes').
 
     Every input dimension must match its expression, every `requires`
     condition must hold and the global size must be a whole number of
@@ -74,6 +81,7 @@ def bind_launch(kernel: str, launch: Launch, local: Sequence[int] | None, arrays
         for axis, dim in enumerate(arg.shape):
             if dim.is_symbol:
                 symbols.setdefault(dim.text, int(shapes[arg.name][axis]))
+    symbols.update(params)
 
     def value(item: Expr, what: str) -> int:
         try:

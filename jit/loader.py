@@ -17,6 +17,7 @@ from portkern.jit import background, buckets, devices
 from portkern.jit.args import check_arguments
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
+from portkern.jit.tensors import result_wrapper
 from portkern.jit.toolchain import toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_bytes
 from portkern.portable.dtypes import as_declared
@@ -177,7 +178,7 @@ class LoadedBundle(NativeCode):
     def _bucket_table(self, record: KernelRecord, target: Target) -> dict:
         """The tuned buckets' code of a kernel with dynamic dimensions (empty when none is tuned)."""
         contract = record.signature.contract
-        if contract is None or not contract.symbols or not toolchain_for(record).tunable:
+        if contract is None or not contract.symbols or not toolchain_for(record).tunable(record):
             return {}
         problem = buckets.index_problem(selection_problem(record, target))
         return buckets.load_table(self, record, target, self.store.get_tuning(problem, target.fingerprint, compiler_id(record)))
@@ -212,8 +213,11 @@ class LoadedBundle(NativeCode):
     def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, "TuneResult | None"]:
         """The perf config to use (stored selection, default, or a fresh tuning result),
         and the tuning result when `tune` asked for one."""
-        if not toolchain_for(record).tunable and tune not in NO_SEARCH:
-            raise TuningError(f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned")
+        if tune not in NO_SEARCH and not toolchain_for(record).tunable(record):
+            raise TuningError(
+                f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned "
+                "(give it a parameter space: `tune: params:` in its manifest entry)"
+            )
         if tune in NO_SEARCH:
             if tune is None:
                 chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
@@ -238,7 +242,7 @@ class LoadedBundle(NativeCode):
             self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
-        return toolchain_for(record).executable(native.data, record, target)
+        return toolchain_for(record).executable(native.data, record, target, native.config)
 
 
 class Kernel:
@@ -315,12 +319,17 @@ class Kernel:
         return self.native.origin
 
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run on NumPy arrays or framework tensors (`__dlpack__`); results are NumPy arrays, or
+        torch tensors sharing their memory when every argument is a torch tensor."""
         arrays = check_arguments(self.name, self.signature, args)
         executable = self._code[1]
         if self.buckets:
             _, _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])
             executable = code[1] if code is not None else executable
         results = [as_declared(r, spec.dtype) for r, spec in zip(executable(*arrays), self.signature.results)]
+        wrap = result_wrapper(args)
+        if wrap is not None:
+            results = [wrap(r) for r in results]
         return results[0] if len(results) == 1 else tuple(results)
 
     def code_for(self, *args: np.ndarray) -> dict:

@@ -19,7 +19,7 @@ from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Filter, Store
 from portkern.errors import DeviceError, FinalizeError, PortkernError
-from portkern.jit import cpu
+from portkern.jit import cpu, opencl_native
 from portkern.jit.codeobject import check as check_code
 from portkern.jit.codeobject import problem as code_problem
 from portkern.jit.target import Target
@@ -127,7 +127,7 @@ class NativeCode:
         """The kernel's plan on a target; DeviceError if the target cannot take it."""
         check_toolchain(record, target)
         toolchain = toolchain_for(record)
-        stage, identity = toolchain.stage(self.bundle, record, target)
+        stage, identity = toolchain.stage(self.bundle, record, target, config)
         kernel = kernel_digest(record.kind, record.entry, stage.blob)
         return Plan(record, target, stage, identity, kernel, toolchain.compiler_id(), config)
 
@@ -251,6 +251,12 @@ class NativeCode:
         """The plan's stage as the workers read it."""
         return Source(plan.stage.blob, self.bundle.blob(plan.stage.blob), plan.stage.phase, plan.stage.to_dict())
 
+    def opencl_job(self, index: int, plan: Plan) -> Job:
+        """The worker job that builds an OpenCL kernel's program for the plan's config
+        (carrying only that variant's stages)."""
+        blobs = opencl_native.variant_blobs(self.bundle.blobs, plan.record, plan.target, plan.config)
+        return Job.opencl(index, plan.name, plan.target, plan.record.to_dict(), blobs, plan.config)
+
     def analyse(self, plan: Plan) -> Analysis:
         """The kernel lowered to `executable-configurations` by a worker, and its dispatches."""
         toolchain_for(plan.record).check(plan.stage, plan.name)
@@ -332,8 +338,7 @@ class NativeCode:
         toolchain = toolchain_for(plan.record)
         toolchain.check(plan.stage, plan.name)
         if toolchain is OPENCL:
-            blobs = {s.blob: self.bundle.blob(s.blob) for s in plan.record.stages}
-            return Job.opencl(index, plan.name, plan.target, plan.record.to_dict(), blobs)
+            return self.opencl_job(index, plan)
         return Job.compile(index, plan.name, plan.target, self.source(plan), plan.config)
 
     def _store(self, plan: Plan, result: Result) -> Native | PortkernError:

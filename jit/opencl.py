@@ -176,6 +176,14 @@ def probe(store: Store | None = None) -> Probe:
     return Probe(KIND, tuple(f.fingerprint for f in found), reason, tuple(f.details for f in found))
 
 
+def unavailable() -> str:
+    """Why OpenCL C kernels cannot be built and run on this machine ("" when they can)."""
+    from portkern.portable.opencl import APT_HINT, missing_tools
+
+    missing = missing_tools("opencl")
+    return f"{', '.join(missing)} not installed ({APT_HINT})" if missing else probe().reason
+
+
 def select(arch: str | None) -> Found:
     """The device an `opencl[:arch]` spec names."""
     found, reason = scan()

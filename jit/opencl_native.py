@@ -8,6 +8,9 @@ binary: PoCL compiles native code at a kernel's first launch, and a binary
 read earlier holds only IR. PoCL also compiles one work-group function for
 grids narrower than 65535 items ("smallgrid") and another for wider ones, so
 there is one launch of each kind. Later runs build the program from the binary.
+
+A kernel with a parameter space has one variant per point; a kernel config
+(`Launch.point`) names the one to build and run, "default" the default point.
 """
 
 from __future__ import annotations
@@ -16,17 +19,17 @@ import functools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from portkern.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, PortkernError, brief
+from portkern.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, LaunchSpecError, PerfConfigError, PortkernError, brief
 from portkern.jit import opencl
 from portkern.jit.args import bind_launch
 from portkern.jit.target import Target
 from portkern.portable import spirv
 from portkern.portable.bundle import KernelRecord, Stage
-from portkern.portable.launch import Launch, Variant, launch_of
+from portkern.portable.launch import DEFAULT_CONFIG, Launch, Variant, launch_of
 
 #: The native artifact format (`Entry.format`, `NativeArtifact.format`).
 FORMAT = "opencl-binary"
@@ -59,8 +62,14 @@ def compiler_id() -> str:
     return f"opencl pyopencl {opencl.pyopencl().VERSION_TEXT}"
 
 
-def select_variant(name: str, launch: Launch, target: Target) -> Variant:
-    """The variant built for the device's sub-group size, else the one for any size."""
+def select_variant(name: str, launch: Launch, target: Target, config: str = DEFAULT_CONFIG) -> Variant:
+    """The point a config names (a kernel with a parameter space), else the variant built for the
+    device's sub-group size, else the one for any size."""
+    if launch.tunable or config != DEFAULT_CONFIG:
+        try:
+            return launch.point(config)
+        except LaunchSpecError as exc:
+            raise PerfConfigError(f"kernel {name!r}: {exc}") from None
     sizes = [int(s) for s in target.fingerprint.property("subgroup_sizes").split(",") if s]
     for variant in launch.variants:
         if variant.subgroup_size in sizes:
@@ -73,12 +82,12 @@ def select_variant(name: str, launch: Launch, target: Target) -> Variant:
     raise DeviceError(f"kernel {name!r} is built for sub-group sizes {built}; {target.label} has {has}")
 
 
-def plan(blobs: Mapping[str, bytes], record: KernelRecord, target: Target) -> Plan:
+def plan(blobs: Mapping[str, bytes], record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Plan:
     """The build plan (`blobs`: the bundle's blobs by name), from the launch description and the
     SPIR-V header alone (the module itself is read in a worker, by `build`); DeviceError if the
     device takes neither the SPIR-V version nor SPIR 1.2."""
     launch = launch_of(record)
-    variant = select_variant(record.name, launch, target)
+    variant = select_variant(record.name, launch, target, config)
     stages = {record.stages[i].format: record.stages[i] for i in variant.stages}
     try:
         version = spirv.header_version(blobs[stages["spirv"].blob])
@@ -110,11 +119,17 @@ def check_device(module: spirv.Module, name: str, target: Target) -> None:
             raise DeviceError(f"kernel {name!r} uses {what}, which {target.label} does not support")
 
 
-def build(record: KernelRecord, blobs: Mapping[str, bytes], target: Target) -> bytes:
-    """The native program binary for a kernel on an OpenCL device (run in a worker:
-    the driver reads the bundle's SPIR-V or SPIR here)."""
+def variant_blobs(blobs: Mapping[str, bytes], record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> dict[str, bytes]:
+    """The blobs `build` reads for a config: its variant's stages only."""
+    variant = select_variant(record.name, launch_of(record), target, config)
+    return {record.stages[i].blob: blobs[record.stages[i].blob] for i in variant.stages}
+
+
+def build(record: KernelRecord, blobs: Mapping[str, bytes], target: Target, config: str = DEFAULT_CONFIG) -> bytes:
+    """The native program binary for a kernel (the point `config` names) on an OpenCL device
+    (run in a worker: the driver reads the bundle's SPIR-V or SPIR here)."""
     cl = opencl.pyopencl()
-    chosen = plan(blobs, record, target)
+    chosen = plan(blobs, record, target, config)
     spirv_stage = next(record.stages[i] for i in chosen.variant.stages if record.stages[i].format == "spirv")
     check_device(_module(blobs[spirv_stage.blob], record.name), record.name, target)
     ctx, _ = opencl.context(target)
@@ -176,7 +191,7 @@ def _scratch(launch: Launch, variant: Variant, symbols: dict[str, int]) -> Scrat
     try:
         shapes = [tuple(d.evaluate(symbols, {}) for d in arg.shape) for arg in launch.inputs]
         views = [np.broadcast_to(np.zeros((), arg.dtype), shape) for shape, arg in zip(shapes, launch.inputs)]
-        bound = bind_launch("scratch", launch, variant.local, views)
+        bound = bind_launch("scratch", launch, variant.local, views, variant.params)
     except (PortkernError, ValueError):
         return None
     total = sum(v.nbytes for v in views)
@@ -189,10 +204,10 @@ def _scratch(launch: Launch, variant: Variant, symbols: dict[str, int]) -> Scrat
 class Executable:
     """A kernel loaded from its native program binary; call it with the checked input arrays."""
 
-    def __init__(self, binary: bytes, record: KernelRecord, target: Target) -> None:
+    def __init__(self, binary: bytes, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> None:
         cl = opencl.pyopencl()
         launch = launch_of(record)
-        variant = select_variant(record.name, launch, target)
+        variant = select_variant(record.name, launch, target, config)
         ctx, _ = opencl.context(target)
         try:
             program = cl.Program(ctx, [opencl.device(target)], [binary]).build()
@@ -204,6 +219,10 @@ class Executable:
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         return self._kernel(*arrays)
 
+    def prepared(self, *arrays: np.ndarray) -> Callable[[], None]:
+        """`ClKernel.prepared`."""
+        return self._kernel.prepared(*arrays)
+
 
 class ClKernel:
     """A built program's kernel with its launch description."""
@@ -213,6 +232,7 @@ class ClKernel:
         self.name = record.name
         self.launch = launch
         self.local = variant.local
+        self.params = variant.params
         self.target = target
         self._ctx, self._queue = opencl.context(target)
         self._lock = threading.Lock()
@@ -226,36 +246,16 @@ class ClKernel:
                 f"kernel {record.name!r}: work-group of {math.prod(self.local)} items is more than "
                 f"{target.label} allows for it ({allowed})"
             )
+        device = opencl.device(target)
+        used = self._kernel.get_work_group_info(cl.kernel_work_group_info.LOCAL_MEM_SIZE, device)
+        if used > device.local_mem_size:
+            raise DeviceError(f"kernel {record.name!r}: needs {used} bytes of local memory, {target.label} has {device.local_mem_size}")
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         cl = opencl.pyopencl()
-        opencl.check_process()
-        bound = bind_launch(self.name, self.launch, self.local, arrays)
-        inputs = dict(zip((a.name for a in self.launch.inputs), arrays))
-        flags = cl.mem_flags
-        values, results = [], []
         try:
-            for arg in self.launch.args:
-                if not arg.is_buffer:
-                    values.append(bound.scalars[arg.name] if arg.value is not None else inputs[arg.name][()])
-                    continue
-                host = np.empty(bound.shapes[arg.name], arg.dtype) if arg.role == "out" else inputs[arg.name]
-                if arg.role == "inout":
-                    host = host.copy()
-                access = {"in": flags.READ_ONLY, "out": flags.WRITE_ONLY, "inout": flags.READ_WRITE}[arg.role]
-                if arg.role != "out" and host.nbytes:
-                    buffer = cl.Buffer(self._ctx, access | flags.COPY_HOST_PTR, hostbuf=host)
-                else:
-                    buffer = cl.Buffer(self._ctx, access, size=max(host.nbytes, host.itemsize))
-                values.append(buffer)
-                if arg.is_output:
-                    results.append((host, buffer))
-            # The kernel object's arguments are shared; a launch captures them when enqueued.
-            launched = []
-            if all(bound.global_size):
-                with self._lock:
-                    self._kernel.set_args(*values)
-                    launched.append(cl.enqueue_nd_range_kernel(self._queue, self._kernel, bound.global_size, self.local))
+            bound, values, results = self._bind(arrays)
+            launched = self._launch(bound, values)
             for host, buffer in results:
                 if host.nbytes:
                     cl.enqueue_copy(self._queue, host, buffer, wait_for=launched, is_blocking=True)
@@ -264,6 +264,58 @@ class ClKernel:
         except cl.Error as exc:
             raise KernelRuntimeError(f"{self.name} on {self.target.label}: {exc}") from None
         return [host for host, _ in results]
+
+    def prepared(self, *arrays: np.ndarray) -> Callable[[], None]:
+        """A launch on these arrays with the device buffers made once: each call runs the
+        kernel and waits for it, copying nothing (what the tuner times)."""
+        cl = opencl.pyopencl()
+        try:
+            bound, values, _ = self._bind(arrays)
+        except cl.Error as exc:
+            raise KernelRuntimeError(f"{self.name} on {self.target.label}: {exc}") from None
+
+        def launch() -> None:
+            try:
+                cl.wait_for_events(self._launch(bound, values))
+            except cl.Error as exc:
+                raise KernelRuntimeError(f"{self.name} on {self.target.label}: {exc}") from None
+
+        return launch
+
+    def _bind(self, arrays: Sequence[np.ndarray]):
+        """The bound launch, the kernel's argument values (buffers made) and the (host, buffer) results."""
+        cl = opencl.pyopencl()
+        opencl.check_process()
+        bound = bind_launch(self.name, self.launch, self.local, arrays, self.params)
+        inputs = dict(zip((a.name for a in self.launch.inputs), arrays))
+        flags = cl.mem_flags
+        values, results = [], []
+        for arg in self.launch.args:
+            if not arg.is_buffer:
+                values.append(bound.scalars[arg.name] if arg.value is not None else inputs[arg.name][()])
+                continue
+            host = np.empty(bound.shapes[arg.name], arg.dtype) if arg.role == "out" else inputs[arg.name]
+            if arg.role == "inout":
+                host = host.copy()
+            access = {"in": flags.READ_ONLY, "out": flags.WRITE_ONLY, "inout": flags.READ_WRITE}[arg.role]
+            if arg.role != "out" and host.nbytes:
+                buffer = cl.Buffer(self._ctx, access | flags.COPY_HOST_PTR, hostbuf=host)
+            else:
+                buffer = cl.Buffer(self._ctx, access, size=max(host.nbytes, host.itemsize))
+            values.append(buffer)
+            if arg.is_output:
+                results.append((host, buffer))
+        return bound, values, results
+
+    def _launch(self, bound, values: list) -> list:
+        """The kernel enqueued with these argument values (no event for an empty grid)."""
+        cl = opencl.pyopencl()
+        if not all(bound.global_size):
+            return []
+        # The kernel object's arguments are shared; a launch captures them when enqueued.
+        with self._lock:
+            self._kernel.set_args(*values)
+            return [cl.enqueue_nd_range_kernel(self._queue, self._kernel, bound.global_size, self.local)]
 
 
 @functools.lru_cache(maxsize=256)

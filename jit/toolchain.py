@@ -18,7 +18,10 @@ class IreeToolchain:
 
     name = "iree"
     format = "vmfb"
-    tunable = True
+
+    def tunable(self, record: KernelRecord) -> bool:
+        """Whether the tuner searches configs of this kernel."""
+        return True
 
     def accepts(self, target: Target) -> bool:
         return target.driver != "opencl"
@@ -27,16 +30,17 @@ class IreeToolchain:
         compiler, runtime = installed_compiler(), installed_runtime()
         return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
 
-    def stage(self, bundle: Bundle, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
-        """The stage finalised for `target` (the source stage for a bundle of another IREE release),
-        and what besides it selects the native code."""
+    def stage(self, bundle: Bundle, record: KernelRecord, target: Target, config: str) -> tuple[Stage, tuple[str, ...]]:
+        """The stage finalised for `target` (with kernel config `config`; the source stage for a bundle of
+        another IREE release), and what besides it selects the native code."""
         return readable_stage(record, target.family), target.identity
 
     def check(self, stage: Stage, name: str) -> None:
         """Refuse, before any worker reads it, a stage this compiler cannot read."""
         check_stage(stage, name)
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target):
+    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str):
+        """A loaded, callable kernel for native code built with `config`."""
         from portkern.jit.runtime import Executable
 
         return Executable(data, record.entry, target.driver)
@@ -46,7 +50,6 @@ class OpenclToolchain:
     """SPIR-V stages finalised and run by the device's OpenCL driver."""
 
     name = "opencl"
-    tunable = False
 
     @property
     def _native(self):
@@ -61,18 +64,24 @@ class OpenclToolchain:
     def accepts(self, target: Target) -> bool:
         return target.driver == "opencl"
 
+    def tunable(self, record: KernelRecord) -> bool:
+        """Kernels with a parameter space are tuned; others run with their manifest's launch sizes."""
+        from portkern.portable.launch import launch_of
+
+        return launch_of(record).tunable
+
     def compiler_id(self) -> str:
         return self._native.compiler_id()
 
-    def stage(self, bundle: Bundle, record: KernelRecord, target: Target) -> tuple[Stage, tuple[str, ...]]:
-        plan = self._native.plan(bundle.blobs, record, target)
+    def stage(self, bundle: Bundle, record: KernelRecord, target: Target, config: str) -> tuple[Stage, tuple[str, ...]]:
+        plan = self._native.plan(bundle.blobs, record, target, config)
         return plan.stage, plan.key_flags
 
     def check(self, stage: Stage, name: str) -> None:
         """Nothing to refuse beyond what `stage` checked."""
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target):
-        return self._native.Executable(data, record, target)
+    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str):
+        return self._native.Executable(data, record, target, config)
 
 
 IREE = IreeToolchain()

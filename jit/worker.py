@@ -160,7 +160,7 @@ def _opencl(state: _State, job: dict) -> dict:
 
     start = time.perf_counter()
     record = KernelRecord.from_dict(job["record"])
-    binary = opencl_native.build(record, dict(job["blobs"]), _target(job["target"]))
+    binary = opencl_native.build(record, dict(job["blobs"]), _target(job["target"]), str(job.get("config", "default")))
     return {"native": binary, "compile_s": time.perf_counter() - start}
 
 

@@ -131,9 +131,9 @@ class Job:
         return cls(id, "specialise", name, None, {"record": record, "blob": blob, "values": values})
 
     @classmethod
-    def opencl(cls, id: int, name: str, target: Target, record: dict, blobs: dict[str, bytes]) -> "Job":
-        """An OpenCL program binary built (and launched once) by the device's driver."""
-        return cls(id, "opencl", name, target, {"record": record, "blobs": blobs})
+    def opencl(cls, id: int, name: str, target: Target, record: dict, blobs: dict[str, bytes], config: str = "default") -> "Job":
+        """An OpenCL program binary built (and launched once) by the device's driver, for the point `config` names."""
+        return cls(id, "opencl", name, target, {"record": record, "blobs": blobs, "config": config})
 
 
 @dataclass(kw_only=True)

@@ -55,6 +55,9 @@ _FUNCTIONS: dict[str, tuple[Callable[..., int], int, int]] = {
     "round_up": (lambda a, b: _ceil_div(a, b) * b, 2, 2),
 }
 
+#: The names of the functions expressions may call (not usable as symbols).
+FUNCTIONS = tuple(_FUNCTIONS)
+
 
 @dataclass(frozen=True)
 class Expr:

@@ -10,10 +10,17 @@ input shapes bind: `shape: [M, K]` binds M and K.
 The same description is stored in the bundle (`KernelRecord.launch`, schema
 `$defs/launch`) with one entry per variant (sub-group size, local size, and
 the indices of the variant's stages), and is checked again on the device.
+
+A kernel with a parameter space (`tune:` with `params:` and `restrict:`) has
+one variant per valid point of the space, the default point first; each
+point's parameters are `-D` definitions and symbols of `global:`, `local:`,
+`requires:` and scalar values. A point is named on the device by its kernel
+config string (`point_config`), which the tuner's OpenCL family also writes.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,10 +39,29 @@ MAX_RANK = 8
 MAX_WORK_DIMS = 3
 MAX_LOCAL = 1 << 16
 MAX_VARIANTS = 8
+#: Most valid points a parameter space may have (each is compiled on the build host).
+MAX_POINTS = 256
+#: Most combinations of parameter values examined (before `restrict:`).
+MAX_COMBINATIONS = 1 << 16
+MAX_PARAMS = 8
+MAX_PARAM_VALUES = 64
+#: Kernel config strings of points: `0=<POINT_FAMILY>:v<POINT_VERSION>:NAME=value,...`.
+POINT_FAMILY, POINT_VERSION = "opencl", 1
+#: The kernel config of the default point (candidate 0).
+DEFAULT_CONFIG = "default"
+#: Most bytes the buffers of one call at the tuning shapes (`tune: at:`) may take.
+MAX_TUNING_BYTES = 1 << 30
+#: Element kind and bits of each dtype, as OpenCL C declares them.
+ELEMENTS = {
+    "float16": ("float", 16), "float32": ("float", 32), "float64": ("float", 64),
+    "int8": ("int", 8), "uint8": ("int", 8), "bool": ("int", 8),
+    "int16": ("int", 16), "uint16": ("int", 16), "int32": ("int", 32), "uint32": ("int", 32),
+    "int64": ("int", 64), "uint64": ("int", 64),
+}  # fmt: skip
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 _DEFINE_VALUE = re.compile(r"^[A-Za-z0-9_.+-]{0,64}$")
 #: Manifest keys that describe an OpenCL launch (refused for other kinds).
-MANIFEST_KEYS = ("args", "global", "local", "requires", "defines", "variants")
+MANIFEST_KEYS = ("args", "global", "local", "requires", "defines", "variants", "tune")
 
 
 def dtypes() -> tuple[str, ...]:
@@ -95,20 +121,41 @@ class LaunchArg:
 
 @dataclass(frozen=True)
 class Variant:
-    """One build of the kernel: for a sub-group size (or any), with its local size and stages."""
+    """One build of the kernel: for a sub-group size (or any), or for one point of its parameter space,
+    with its local size and stages."""
 
     subgroup_size: int | None
     #: Work-group size; None lets the driver choose.
     local: tuple[int, ...] | None
     #: Indices into the kernel record's stages (empty before the build).
     stages: tuple[int, ...] = ()
+    #: The point of the parameter space this variant is built for, in the space's order (empty: no space).
+    params: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def config(self) -> str:
+        """The kernel config string naming this point (tuning records and cache keys hold it)."""
+        return point_config(self.params)
 
     def to_dict(self) -> dict:
-        return {
+        data: dict[str, Any] = {
             "subgroup_size": self.subgroup_size,
             "local": None if self.local is None else list(self.local),
             "stages": list(self.stages),
         }
+        if self.params:
+            data["params"] = [[name, value] for name, value in self.params]
+        return data
+
+
+def point_text(params: Sequence[tuple[str, int]]) -> str:
+    """A point's parameters as `NAME=value,...` (the fields of its perf config)."""
+    return ",".join(f"{name}={value}" for name, value in params)
+
+
+def point_config(params: Sequence[tuple[str, int]]) -> str:
+    """The kernel config string of a point: `0=opencl:v1:NAME=value,...` (the kernel is its one dispatch)."""
+    return f"0={POINT_FAMILY}:v{POINT_VERSION}:{point_text(params)}"
 
 
 @dataclass(frozen=True)
@@ -128,6 +175,42 @@ class Launch:
     global_size: tuple[expr.Expr, ...]
     requires: tuple[expr.Expr, ...] = ()
     variants: tuple[Variant, ...] = ()
+    #: Symbol values of the shapes a parameter space is tuned at (`tune: at:`).
+    tune_at: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def tunable(self) -> bool:
+        """Whether the kernel has a parameter space (one variant per point, the default first)."""
+        return bool(self.variants and self.variants[0].params)
+
+    @property
+    def params(self) -> tuple[str, ...]:
+        """The parameter names of the space, in order (empty without one)."""
+        return tuple(name for name, _ in self.variants[0].params) if self.tunable else ()
+
+    def point(self, config: str) -> Variant:
+        """The variant a kernel config names ("default": the default point); LaunchSpecError if none."""
+        if config == DEFAULT_CONFIG:
+            return self.variants[0]
+        if self.tunable:
+            for variant in self.variants:
+                if variant.config == config:
+                    return variant
+        raise LaunchSpecError(f"config {config[:200]!r} names no point of this kernel's parameter space")
+
+    def tuning_shapes(self) -> list[tuple[int, ...]]:
+        """The input buffer shapes a parameter space is tuned at (symbols from `tune_at`); LaunchSpecError
+        when a symbol has no value or the buffers would hold more than MAX_TUNING_BYTES."""
+        symbols = dict(self.tune_at)
+        shapes = {a.name: tuple(d.evaluate(symbols, {}) for d in a.shape) for a in self.inputs if a.is_buffer}
+        total = 0
+        for arg in self.args:
+            if arg.is_buffer:
+                shape = shapes.get(arg.name) or tuple(d.evaluate(symbols, shapes) for d in arg.shape)
+                total += _product(shape) * ELEMENTS[arg.dtype][1] // 8
+        if total > MAX_TUNING_BYTES:
+            raise LaunchSpecError(f"the buffers at the tuning shapes would take {total} bytes; at most {MAX_TUNING_BYTES}")
+        return list(shapes.values())
 
     @property
     def inputs(self) -> tuple[LaunchArg, ...]:
@@ -151,25 +234,38 @@ class Launch:
         return Signature(tuple(spec(a) for a in self.inputs), tuple(spec(a) for a in self.outputs))
 
     def to_dict(self) -> dict:
-        return {
+        data: dict[str, Any] = {
             "args": [a.to_dict() for a in self.args],
             "global": [e.text for e in self.global_size],
             "requires": [e.text for e in self.requires],
             "variants": [v.to_dict() for v in self.variants],
         }
+        if self.tune_at:
+            data["tune_at"] = dict(self.tune_at)
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "Launch":
         """A launch description from a bundle record (already schema-checked), checked again."""
-        launch = _common(data)
         variants = tuple(
-            Variant(v.get("subgroup_size"), _local(v.get("local"), ("variants", i, "local")), tuple(v.get("stages", ())))
+            Variant(
+                v.get("subgroup_size"), _local(v.get("local"), ("variants", i, "local")), tuple(v.get("stages", ())),
+                tuple((str(name), int(value)) for name, value in v.get("params", ())),
+            )
             for i, v in enumerate(data.get("variants", ()))
         )
         if not variants:
             raise _fail(("variants",), "at least one variant is needed")
+        params = frozenset(name for name, _ in variants[0].params)
+        launch = _common(data, params)
+        tune_at = tuple((str(k), int(v)) for k, v in (data.get("tune_at") or {}).items())
         _check_variants(variants, launch.global_size)
-        return Launch(launch.args, launch.global_size, launch.requires, variants)
+        checked = Launch(launch.args, launch.global_size, launch.requires, variants, tune_at)
+        if checked.tunable:
+            if {k for k, _ in tune_at} != launch.symbols:
+                raise _fail(("tune_at",), f"must give every shape symbol ({', '.join(sorted(launch.symbols))}) a size")
+            checked.tuning_shapes()
+        return checked
 
 
 def from_manifest(options: Mapping[str, Any], kind: str, source: Path) -> tuple[Launch, tuple[VariantSource, ...]]:
@@ -181,6 +277,8 @@ def from_manifest(options: Mapping[str, Any], kind: str, source: Path) -> tuple[
     for key in ("args", "global"):
         if key not in options:
             raise _fail((), f"{kind} kernels need `{key}:`")
+    if "tune" in options:
+        return _space(options, kind, source)
     launch = _common(options)
     local = _local(options.get("local"), ("local",))
     defines = _defines(options.get("defines"), ("defines",), kind)
@@ -206,6 +304,116 @@ def from_manifest(options: Mapping[str, Any], kind: str, source: Path) -> tuple[
             raise _fail(("variants",), "every variant needs a `subgroup_size`")
     _check_variants(variants, launch.global_size)
     return Launch(launch.args, launch.global_size, launch.requires, variants), sources
+
+
+def _space(options: Mapping[str, Any], kind: str, source: Path) -> tuple[Launch, tuple[VariantSource, ...]]:
+    """A kernel with a parameter space: one variant per valid point, the default point first."""
+    tune = options["tune"]
+    if kind != "opencl":
+        raise _fail(("tune",), "only OpenCL C sources have a parameter space (its parameters are -D definitions)")
+    if not isinstance(tune, Mapping) or set(tune) - {"params", "restrict", "at"} or "params" not in tune:
+        raise _fail(("tune",), "must be a mapping with `params:` and optionally `restrict:` and `at:`")
+    if "variants" in options:
+        raise _fail(("variants",), "a kernel with a parameter space (`tune:`) cannot also have sub-group `variants:`")
+    space = _params(tune["params"])
+    combinations = 1
+    for _, values in space:
+        combinations *= len(values)
+    if combinations > MAX_COMBINATIONS:
+        raise _fail(("tune", "params"), f"{combinations} combinations of values; at most {MAX_COMBINATIONS} (use fewer values)")
+    names = frozenset(name for name, _ in space)
+    launch = _common(options, names)
+    clash = sorted(names & launch.symbols)
+    if clash:
+        raise _fail(("tune", "params", clash[0]), f"{clash[0]} is also a shape symbol; name the parameter differently")
+    restrict = _exprs(tune.get("restrict", []), ("tune", "restrict"), 0, 32, condition=True)
+    for index, item in enumerate(restrict):
+        _check_refs(item, names, {}, ("tune", "restrict", index), "no parameter of `tune: params:` names")
+    local = _local_exprs(options.get("local"), names)
+    at = _tune_at(tune.get("at"), launch)
+    defines = _defines(options.get("defines"), ("defines",), kind)
+    given = {name: value for name, value in defines if name in names}
+    kept = tuple((name, value) for name, value in defines if name not in names)
+    points: list[Variant] = []
+    for values in itertools.product(*(v for _, v in space)):
+        point = tuple(zip((n for n, _ in space), values))
+        variant = _point(point, restrict, local, launch, at)
+        if variant is not None:
+            points.append(variant)
+    if not points:
+        raise _fail(("tune", "restrict"), "no point of the parameter space is valid (restrictions, work-group sizes, whole work-groups at the tuning shapes)")
+    if len(points) > MAX_POINTS:
+        raise _fail(("tune", "params"), f"the space has {len(points)} valid points; at most {MAX_POINTS} are built (restrict it)")
+    default = next((p for p in points if {n: str(v) for n, v in p.params} == given), points[0])
+    points.remove(default)
+    points.insert(0, default)
+    sources = tuple(VariantSource(source, kept + tuple((n, str(v)) for n, v in p.params)) for p in points)
+    return Launch(launch.args, launch.global_size, launch.requires, tuple(points), at), sources
+
+
+def _params(value: Any) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    at = ("tune", "params")
+    if not isinstance(value, Mapping) or not 1 <= len(value) <= MAX_PARAMS:
+        raise _fail(at, f"must map 1 to {MAX_PARAMS} parameter names to lists of integer values")
+    found = []
+    for name, values in value.items():
+        if not isinstance(name, str) or not _IDENTIFIER.match(name) or name.startswith("PORTKERN_") or name in expr.FUNCTIONS:
+            raise _fail(at + (str(name),), f"{name!r} is not a parameter name you may use (a C identifier, not PORTKERN_*)")
+        if (
+            not isinstance(values, list)
+            or not 1 <= len(values) <= MAX_PARAM_VALUES
+            or not all(type(v) is int and 0 <= v <= MAX_LOCAL for v in values)
+            or len(set(values)) != len(values)
+        ):
+            raise _fail(at + (name,), f"must be a list of 1 to {MAX_PARAM_VALUES} distinct integers from 0 to {MAX_LOCAL}")
+        found.append((name, tuple(values)))
+    return tuple(found)
+
+
+def _local_exprs(value: Any, names: frozenset[str]) -> tuple[expr.Expr, ...] | None:
+    if value is None:
+        return None
+    items = _exprs(value, ("local",), 1, MAX_WORK_DIMS, condition=False)
+    for index, item in enumerate(items):
+        _check_refs(item, names, {}, ("local", index), "no parameter of `tune: params:` names")
+    return items
+
+
+def _tune_at(value: Any, launch: Launch) -> tuple[tuple[str, int], ...]:
+    """The symbol values of the shapes the space is tuned at; every shape symbol needs one."""
+    symbols = sorted(launch.symbols)
+    if value is None and not symbols:
+        return ()
+    if not isinstance(value, Mapping) or sorted(value) != symbols or not all(type(v) is int and 1 <= v <= 1 << 24 for v in value.values()):
+        raise _fail(("tune", "at"), f"must give every shape symbol ({', '.join(symbols)}) the integer size (1 to {1 << 24}) to tune at")
+    at = tuple((name, value[name]) for name in symbols)
+    try:
+        Launch(launch.args, launch.global_size, launch.requires, (), at).tuning_shapes()
+    except LaunchSpecError as exc:
+        raise _fail(("tune", "at"), str(exc)) from None
+    return at
+
+
+def _point(point: tuple[tuple[str, int], ...], restrict, local, launch: Launch, at) -> Variant | None:
+    """The variant of a point, None when the point is not valid: a restriction fails, its work-group
+    is empty or too large, or at the tuning shapes its launch breaks `requires` or is not whole work-groups."""
+    values = dict(point)
+    try:
+        if not all(r.evaluate(values, {}) for r in restrict):
+            return None
+        sizes = None if local is None else tuple(e.evaluate(values, {}) for e in local)
+        if sizes is not None and (len(sizes) != len(launch.global_size) or min(sizes) < 1 or _product(sizes) > MAX_LOCAL):
+            return None
+        symbols = {**dict(at), **values}
+        shapes = {a.name: tuple(d.evaluate(symbols, {}) for d in a.shape) for a in launch.inputs if a.is_buffer}
+        if not all(c.evaluate(symbols, shapes) for c in launch.requires):
+            return None
+        grid = [g.evaluate(symbols, shapes) for g in launch.global_size]
+        if min(grid) < 1 or sizes is not None and any(g % s for g, s in zip(grid, sizes)):
+            return None
+    except LaunchSpecError:
+        return None
+    return Variant(None, sizes, (), point)
 
 
 def launch_of(record: KernelRecord) -> Launch:
@@ -234,8 +442,9 @@ def launch_of(record: KernelRecord) -> Launch:
 # --- checks shared by manifests and bundles ----------------------------------
 
 
-def _common(data: Mapping) -> Launch:
-    """Arguments, global size and conditions, checked; variants left empty."""
+def _common(data: Mapping, params: frozenset[str] = frozenset()) -> Launch:
+    """Arguments, global size and conditions, checked; variants left empty. `params` (a parameter
+    space's names) may appear in the global size, conditions and scalar values, not in shapes."""
     raw_args = data.get("args")
     if not isinstance(raw_args, list) or not 1 <= len(raw_args) <= MAX_ARGS:
         raise _fail(("args",), f"needs a list of 1 to {MAX_ARGS} arguments")
@@ -253,12 +462,12 @@ def _common(data: Mapping) -> Launch:
         for axis, dim in enumerate(arg.shape):
             _check_refs(dim, symbols, shapes, ("args", i, "shape", axis))
         if arg.value is not None:
-            _check_refs(arg.value, symbols, shapes, ("args", i, "value"))
+            _check_refs(arg.value, symbols | params, shapes, ("args", i, "value"))
     global_size = _exprs(data.get("global"), ("global",), 1, MAX_WORK_DIMS, condition=False)
     requires = _exprs(data.get("requires", []), ("requires",), 0, 32, condition=True)
     for name, exprs in (("global", global_size), ("requires", requires)):
         for index, item in enumerate(exprs):
-            _check_refs(item, symbols, shapes, (name, index))
+            _check_refs(item, symbols | params, shapes, (name, index))
     return Launch(args, global_size, requires)
 
 
@@ -306,11 +515,11 @@ def _exprs(items: Any, at: tuple, least: int, most: int, condition: bool) -> tup
     return tuple(_parse(item, at + (i,), condition) for i, item in enumerate(items))
 
 
-def _check_refs(item: expr.Expr, symbols: frozenset[str], shapes: Mapping[str, int], at: tuple) -> None:
+def _check_refs(item: expr.Expr, symbols: frozenset[str], shapes: Mapping[str, int], at: tuple, binds: str = "no input shape binds") -> None:
     unbound = sorted(item.symbols - symbols)
     if unbound:
         known = ", ".join(sorted(symbols)) or "none"
-        raise _fail(at, f"`{item}` uses {', '.join(unbound)}, which no input shape binds (bound: {known})")
+        raise _fail(at, f"`{item}` uses {', '.join(unbound)}, which {binds} (bound: {known})")
     for arg, axis in sorted(item.dims):
         if arg not in shapes:
             raise _fail(at, f"`{item}` reads {arg}.shape, but {arg} is not an input buffer")
@@ -349,6 +558,9 @@ def _defines(value: Any, at: tuple, kind: str) -> tuple[tuple[str, str], ...]:
 
 
 def _check_variants(variants: Sequence[Variant], global_size: Sequence[expr.Expr]) -> None:
+    if variants[0].params:
+        _check_points(variants, global_size)
+        return
     if len(variants) > MAX_VARIANTS:
         raise _fail(("variants",), f"at most {MAX_VARIANTS} variants")
     sizes = [v.subgroup_size for v in variants]
@@ -364,6 +576,24 @@ def _check_variants(variants: Sequence[Variant], global_size: Sequence[expr.Expr
             raise _fail(where, f"has {len(variant.local)} dimensions, the global size has {len(global_size)}")
         if variant.local is not None and _product(variant.local) > MAX_LOCAL:
             raise _fail(("variants", index, "local"), f"work-group of {_product(variant.local)} items is larger than {MAX_LOCAL}")
+
+
+def _check_points(variants: Sequence[Variant], global_size: Sequence[expr.Expr]) -> None:
+    """The variants of a parameter space: distinct points over the same names, no sub-group sizes."""
+    if len(variants) > MAX_POINTS:
+        raise _fail(("variants",), f"at most {MAX_POINTS} points of a parameter space")
+    names = [name for name, _ in variants[0].params]
+    if len(names) > MAX_PARAMS or len(set(names)) != len(names) or not all(_IDENTIFIER.match(n) for n in names):
+        raise _fail(("variants", 0, "params"), f"must name 1 to {MAX_PARAMS} distinct parameters")
+    seen = set()
+    for index, variant in enumerate(variants):
+        if [name for name, _ in variant.params] != names or variant.params in seen:
+            raise _fail(("variants", index, "params"), "every point must set the same parameters, and no point may repeat")
+        if variant.subgroup_size is not None:
+            raise _fail(("variants", index, "subgroup_size"), "points of a parameter space have no sub-group size")
+        if variant.local is not None and (len(variant.local) != len(global_size) or _product(variant.local) > MAX_LOCAL):
+            raise _fail(("variants", index, "local"), f"must have {len(global_size)} dimensions and at most {MAX_LOCAL} items")
+        seen.add(variant.params)
 
 
 def _product(values: Sequence[int]) -> int:

@@ -7,13 +7,19 @@
 Every tool runs as a child process in a temporary directory; a tool that fails
 leaves nothing behind. Validation is not optional: llvm-spirv-15 writes
 invalid SPIR-V for some inputs, and `llvm-spirv -r` aborts on invalid input.
+When it does so for optimised bitcode, the kernel is built again at -O0 (the
+driver optimises on the device) with a warning. A kernel with a parameter
+space is compiled once per valid point, in parallel threads (each runs the
+tools as child processes).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import functools
 import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -27,7 +33,7 @@ from portkern.errors import BuildError, CompileError, LaunchSpecError, brief
 from portkern.portable import spirv
 from portkern.portable.framing import read_bounded
 from portkern.portable.bundle import KernelRecord, Stage, sha256
-from portkern.portable.launch import Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, where_of
+from portkern.portable.launch import ELEMENTS, Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, point_text, where_of
 from portkern.portable.manifest import KernelSpec
 from portkern.portable.producer import Producer
 
@@ -37,6 +43,8 @@ APT_HINT = "Debian: apt install clang-15 llvm-spirv-15 spirv-tools"
 CL_STD = "CL2.0"
 SPIRV_MAX_VERSION = "1.2"
 TOOL_TIMEOUT_S = 300
+#: Build compromises warned about one by one per kernel; the rest are counted.
+MAX_NOTES = 3
 MAX_SOURCE_BYTES = 16 << 20
 #: Stage phases/formats written for OpenCL kernels.
 SPIRV_STAGE = ("spirv", "spirv")
@@ -45,12 +53,6 @@ SPIR_STAGE = ("spir", "spir-bitcode")
 _DIAGNOSTIC = re.compile(r"^(?P<where>[^\n]+?:\d+:\d+): (?P<severity>fatal error|error): (?P<message>.*)$", re.M)
 _VERSION = re.compile(r"version (\d+\.\d+\.\d+)")
 _LOOP_METADATA = re.compile(r", !llvm\.loop ![0-9]+")
-_ELEMENTS = {
-    "float16": ("float", 16), "float32": ("float", 32), "float64": ("float", 64),
-    "int8": ("int", 8), "uint8": ("int", 8), "bool": ("int", 8),
-    "int16": ("int", 16), "uint16": ("int", 16), "int32": ("int", 32), "uint32": ("int", 32),
-    "int64": ("int", 64), "uint64": ("int", 64),
-}  # fmt: skip
 
 
 class BuildWarning(UserWarning):
@@ -63,6 +65,8 @@ class Compiled:
 
     stages: tuple[Stage, ...]
     blobs: dict[str, bytes]
+    #: Compromises of the build, for a BuildWarning (the same text for every point it concerns).
+    notes: tuple[str, ...] = ()
 
 
 def missing_tools(kind: str = "opencl") -> list[str]:
@@ -80,33 +84,82 @@ def tool_version(tool: str) -> str:
 
 
 def build_opencl(spec: KernelSpec, source_sha256: str) -> tuple[KernelRecord, dict[str, bytes]]:
-    """An `opencl` or `spirv` kernel's bundle record: every variant compiled, validated and checked."""
+    """An `opencl` or `spirv` kernel's bundle record: every variant (or every valid point of its
+    parameter space) compiled, validated and checked; identical stages are stored once."""
     try:
         launch, sources = from_manifest(spec.options, spec.kind, spec.source)
     except LaunchSpecError as exc:
         raise BuildError(f"{spec.source}: kernel {spec.name!r}: {dotted(where_of(exc))}: {exc}") from None
     entry = spec.entry or spec.name
+    if launch.tunable:
+        built = _build_points(spec, launch, sources, entry)
+    else:
+        built = [(v, _compile_variant(spec, launch, v, s, entry)) for v, s in zip(launch.variants, sources)]
+    notes = sorted({n for _, compiled in built for n in compiled.notes})
+    for note in notes[:MAX_NOTES]:
+        warnings.warn(note, BuildWarning, stacklevel=2)
+    if len(notes) > MAX_NOTES:
+        warnings.warn(f"{spec.source}: kernel {spec.name!r}: {len(notes) - MAX_NOTES} more points built with such a compromise", BuildWarning, stacklevel=2)
     stages: list[Stage] = []
+    index: dict[Stage, int] = {}
     blobs: dict[str, bytes] = {}
     variants = []
-    for variant, source in zip(launch.variants, sources):
-        compiled = _compile_variant(spec, launch, variant, source, entry)
-        indices = []
+    for variant, compiled in built:
         for stage in compiled.stages:
-            if stage not in stages:
+            if stage not in index:
+                index[stage] = len(stages)
                 stages.append(stage)
-            indices.append(stages.index(stage))
         blobs.update(compiled.blobs)
-        variants.append(dataclasses.replace(variant, stages=tuple(indices)))
+        variants.append(dataclasses.replace(variant, stages=tuple(index[s] for s in compiled.stages)))
     launch = dataclasses.replace(launch, variants=tuple(variants))
     record = KernelRecord(spec.name, spec.kind, entry, launch.signature(), tuple(stages), source_sha256, (), launch.to_dict())
     return record, blobs
 
 
-def _compile_variant(spec: KernelSpec, launch: Launch, variant: Variant, source: VariantSource, entry: str) -> Compiled:
+def _build_points(spec: KernelSpec, launch: Launch, sources: Sequence[VariantSource], entry: str) -> list[tuple[Variant, "Compiled"]]:
+    """Every point of a parameter space compiled in parallel; points that fail are dropped with a
+    warning giving each reason. The default point (the first) must build."""
+    spir: dict[str, bytes] = {}
+
+    def one(item: tuple[Variant, VariantSource]) -> tuple[Variant, Compiled | BuildError]:
+        variant, source = item
+        try:
+            return variant, _compile_variant(spec, launch, variant, source, entry, spir)
+        except BuildError as exc:
+            return variant, exc
+
+    workers = max(1, min(len(sources), os.cpu_count() or 1))
+    with concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="portkern-cl") as threads:
+        outcomes = list(threads.map(one, zip(launch.variants, sources)))
+    default, first = outcomes[0]
+    if isinstance(first, BuildError):
+        raise BuildError(
+            f"{spec.source}: kernel {spec.name!r}: the default point ({point_text(default.params)}) does not build: {first}; "
+            "set `defines:` to a point that builds"
+        )
+    failed = [(v, o) for v, o in outcomes if isinstance(o, BuildError)]
+    if failed:
+        reasons = "; ".join(f"{point_text(v.params)}: {' '.join(str(o).split())[:300]}" for v, o in failed[:5])
+        more = f" (+{len(failed) - 5} more)" if len(failed) > 5 else ""
+        warnings.warn(
+            f"{spec.source}: kernel {spec.name!r}: {len(failed)} of {len(outcomes)} points of the parameter space "
+            f"do not build and are left out: {reasons}{more}",
+            BuildWarning,
+            stacklevel=3,
+        )
+    return [(v, o) for v, o in outcomes if not isinstance(o, BuildError)]
+
+
+def _compile_variant(
+    spec: KernelSpec, launch: Launch, variant: Variant, source: VariantSource, entry: str, spir: dict[str, bytes] | None = None
+) -> Compiled:
+    """One variant's stages (`spir`: SPIR bitcode already converted, by SPIR-V digest, shared by points)."""
     origin = str(source.source) + (f" (sub-group size {variant.subgroup_size} variant)" if variant.subgroup_size else "")
+    if variant.params:
+        origin = f"{source.source} ({point_text(variant.params)})"
+    notes: list[str] = []
     if spec.kind == "opencl":
-        code = compile_opencl(source.source, source.defines, origin)
+        code = _compile(source.source, source.defines, origin, notes)
     else:
         code = _read_source(source.source)
         validate(code, origin)
@@ -120,44 +173,69 @@ def _compile_variant(spec: KernelSpec, launch: Launch, variant: Variant, source:
     else:
         producer = Producer(module.generator, str(module.generator_version))
     stages = [_stage(SPIRV_STAGE, code, producer)]
+    digest = sha256(code)
     try:
-        stages.append(_stage(SPIR_STAGE, to_spir(code, origin), Producer("llvm-spirv", tool_version(LLVM_SPIRV))))
+        converted = spir.get(digest) if spir is not None else None
+        if converted is None:
+            converted = to_spir(code, origin)
+            if spir is not None:
+                spir[digest] = converted
+        stages.append(_stage(SPIR_STAGE, converted, Producer("llvm-spirv", tool_version(LLVM_SPIRV))))
     except BuildError as exc:
         if spec.kind == "opencl":
             raise
         warnings.warn(f"{exc}; the kernel will only run on devices that take SPIR-V IL", BuildWarning, stacklevel=2)
-    return Compiled(tuple(s for s, _ in stages), {s.blob: data for s, data in stages})
+    return Compiled(tuple(s for s, _ in stages), {s.blob: data for s, data in stages}, tuple(notes))
 
 
 def _stage(kind: tuple[str, str], data: bytes, producer: Producer) -> tuple[Stage, bytes]:
     return Stage(kind[0], "opencl", kind[1], sha256(data), len(data), producer), data
 
 
-def compile_opencl(source: Path, defines: Sequence[tuple[str, str]] = (), origin: str = "") -> bytes:
-    """Validated SPIR-V for an OpenCL C file; BuildError with the compiler's file:line message if not."""
-    origin = origin or str(source)
+def compile_opencl(source: Path, defines: Sequence[tuple[str, str]] = (), origin: str = "", opt: str = "-O2") -> bytes:
+    """Validated SPIR-V for an OpenCL C file; BuildError with the compiler's file:line message if not.
+    Compromises the build made (unroll hints dropped, -O0) are BuildWarnings."""
+    notes: list[str] = []
+    code = _compile(source, defines, origin or str(source), notes, opt)
+    for note in notes:
+        warnings.warn(note, BuildWarning, stacklevel=2)
+    return code
+
+
+def _compile(source: Path, defines: Sequence[tuple[str, str]], origin: str, notes: list[str], opt: str = "-O2") -> bytes:
+    """`compile_opencl`, with its compromises appended to `notes` (safe to run in threads)."""
     with tempfile.TemporaryDirectory(prefix="portkern-cl-") as tmp:
         work = Path(tmp)
-        _clang(source, defines, "-c", work / "kernel.bc")
-        code = _translate(work / "kernel.bc", origin)
-        problem = _validation_error(code, work)
+        _clang(source, defines, "-c", work / "kernel.bc", opt)
+        try:
+            code = _translate(work / "kernel.bc", origin)
+            problem = _validation_error(code, work)
+        except BuildError as exc:
+            code, problem = b"", str(exc)
         if problem is None:
             return code
         # llvm-spirv-15 writes loop merges that spirv-val rejects for loops that
         # carry unroll hints; without the hints the module is valid.
-        _clang(source, defines, "-S", work / "kernel.ll")
+        _clang(source, defines, "-S", work / "kernel.ll", opt)
         text = (work / "kernel.ll").read_text()
-        if _LOOP_METADATA.search(text):
+        if code and _LOOP_METADATA.search(text):
             (work / "stripped.ll").write_text(_LOOP_METADATA.sub("", text))
             _check(_run([_path(CLANG), "--target=spirv64", "-c", "-emit-llvm", "-x", "ir", str(work / "stripped.ll"), "-o", str(work / "stripped.bc")], CLANG), CLANG, origin)
             retry = _translate(work / "stripped.bc", origin)
             if _validation_error(retry, work) is None:
-                warnings.warn(
-                    f"{origin}: loop unroll hints dropped: llvm-spirv-15 turns them into SPIR-V that spirv-val rejects",
-                    BuildWarning,
-                    stacklevel=2,
-                )
+                notes.append(f"{origin}: loop unroll hints dropped: llvm-spirv-15 turns them into SPIR-V that spirv-val rejects")
                 return retry
+        # Optimised bitcode is what llvm-spirv-15 mistranslates (blocks before their
+        # dominators, undefined IDs); unoptimised bitcode translates, and the driver optimises.
+        if opt != "-O0":
+            _clang(source, defines, "-c", work / "plain.bc", "-O0")
+            plain = _translate(work / "plain.bc", origin)
+            if _validation_error(plain, work) is None:
+                notes.append(
+                    f"{origin}: built at -O0: llvm-spirv-15 made no valid SPIR-V from the {opt} build "
+                    f"({' '.join(problem.split())[:200]}); the OpenCL driver optimises the kernel on the device"
+                )
+                return plain
         raise BuildError(f"{origin}: the SPIR-V that llvm-spirv made fails validation (spirv-val): {problem}")
 
 
@@ -207,7 +285,7 @@ def check_kernel(module: spirv.Module, entry: str, launch: Launch, variant: Vari
 
 
 def _param_problem(param: spirv.Param, arg: LaunchArg) -> str:
-    want = _ELEMENTS[arg.dtype]
+    want = ELEMENTS[arg.dtype]
     if arg.is_buffer:
         if param.kind != "pointer":
             return f"the kernel parameter is {_c_type(param)}, but the manifest describes a buffer (role {arg.role})"
@@ -252,8 +330,8 @@ def _run(cmd: list[str], tool: str) -> subprocess.CompletedProcess:
         raise BuildError(f"cannot run {tool}: {exc.strerror or exc}") from None
 
 
-def _clang(source: Path, defines: Sequence[tuple[str, str]], mode: str, output: Path) -> None:
-    cmd = [_path(CLANG), "--target=spirv64", f"-cl-std={CL_STD}", "-O2", "-fno-color-diagnostics", mode, "-emit-llvm"]
+def _clang(source: Path, defines: Sequence[tuple[str, str]], mode: str, output: Path, opt: str = "-O2") -> None:
+    cmd = [_path(CLANG), "--target=spirv64", f"-cl-std={CL_STD}", opt, "-fno-color-diagnostics", mode, "-emit-llvm"]
     cmd += [f"-D{name}={value}" if value else f"-D{name}" for name, value in defines]
     done = _run([*cmd, "-o", str(output), "--", str(source)], CLANG)
     if done.returncode != 0:

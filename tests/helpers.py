@@ -43,3 +43,23 @@ def build_mlir(where: Path, name: str = "k", **sources: str) -> Path:
     (where / f"{name}.yaml").write_text("\n".join(lines) + "\n")
     build_file(where / f"{name}.yaml", where / f"{name}.pkb")
     return where / f"{name}.pkb"
+
+
+def attention_mlir(batch: int, length: int, dim: int) -> str:
+    """An MLIR kernel `@attention(q, k, v)` of IREE's attention op (scale 0.125), all BxLxD f32."""
+    t = f"tensor<{batch}x{length}x{dim}xf32>"
+    return f"""
+func.func @attention(%q: {t}, %k: {t}, %v: {t}) -> {t} {{
+  %scale = arith.constant 0.125 : f32
+  %empty = tensor.empty() : {t}
+  %r = iree_linalg_ext.attention <{{indexing_maps = [affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>,
+      affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>,
+      affine_map<(d0, d1, d2, d3, d4) -> ()>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>]}}>
+      ins(%q, %k, %v, %scale : {t}, {t}, {t}, f32)
+      outs(%empty : {t}) {{
+    ^bb0(%score: f32):
+      iree_linalg_ext.yield %score : f32
+  }} -> {t}
+  return %r : {t}
+}}
+"""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 
@@ -52,8 +53,12 @@ def test_show_unknown_key_is_a_one_line_error(filled, capsys):
     assert capsys.readouterr().err.strip() == "portkern: error: no cache entry with key 'ffffffff'"
 
 
-def test_verify_reports_and_evicts_corruption(filled, capsys):
+def test_verify_reports_and_evicts_corruption(filled, capsys, monkeypatch, tmp_path):
     directory, store = filled
+    # verify also reports scratch directories of gone processes in the temp directory: a private
+    # one keeps other processes' leftovers on this machine out of this test.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     assert cache(capsys, directory, "verify") == (0, {"checked": 3, "found": []})
     victim = store.entries()[0]
     flip_byte(store, victim.key)

@@ -124,7 +124,7 @@ def test_compile_only_a_seeded_few_give_checked_code_objects(gemm768, spec):
 def test_configs_the_rules_prune_fail_in_the_compiler(gemm768):
     """G1 and G5 as IREE 3.13 enforces them for gfx942: a workgroup tile that does not divide its loop
     does not bufferize; operand tiles beyond the shared-memory limit are refused."""
-    from portkern.tuner.evaluate import Evaluator
+    from portkern.tuner.evaluate import Evaluator, IreeCandidates
     from portkern.tuner.kernel_config import KernelConfig
 
     loaded = portkern.load(gemm768)
@@ -140,7 +140,8 @@ def test_configs_the_rules_prune_fail_in_the_compiler(gemm768):
         "G5": replace(default, reduction=(0, 0, 160)),
     }
     with Pool(2) as pool:
-        evaluator = Evaluator(pool, target, record.name, source, record.entry, record.signature, target.driver)
+        candidates = IreeCandidates(target, record.name, source, record.entry, record.signature)
+        evaluator = Evaluator(pool, target, record.name, candidates, target.driver)
         configs = {rule: str(KernelConfig().with_dispatch(0, config)) for rule, config in bad.items()}
         evaluator.compile(list(configs.values()))
     assert evaluator.results[configs["G1"]].status == "error" and "bufferized" in evaluator.results[configs["G1"]].error

@@ -154,3 +154,18 @@ def test_a_compiler_crash_is_a_build_error():
     case = next(c for c in conf.node_cases() if c.name == "test_rotary_embedding_3d_input_expanded")
     with pytest.raises(BuildError, match="the IREE compiler crashed"):
         backend.prepare(case.model)
+
+
+def test_space_to_depth_crd_is_refused_and_dcr_computes_the_reference():
+    """IREE 3.13 rearranges SpaceToDepth mode='CRD' as 'DCR' (a wrong result the conformance bench
+    found): refused at build; the default mode still computes onnx's reference."""
+    from onnx.backend.test.case.node import collect_testcases
+
+    wanted = ("test_spacetodepth_crd_mode_example", "test_spacetodepth_dcr_mode_example")
+    cases = {case.name: case for case in collect_testcases("") if case.name in wanted}
+    with pytest.raises(BuildError, match=r"SpaceToDepth.*mode='CRD'"):
+        backend.prepare(cases["test_spacetodepth_crd_mode_example"].model)
+    dcr = cases["test_spacetodepth_dcr_mode_example"]
+    inputs, outputs = dcr.data_sets[0]
+    (got,) = backend.prepare(dcr.model).run(list(inputs))
+    np.testing.assert_allclose(got, outputs[0], rtol=dcr.rtol, atol=dcr.atol)

@@ -12,7 +12,7 @@ from portkern.tuner import strategies
 from portkern.tuner.session import Tuner
 from portkern.tuner.sweep import ERROR, REASON, RESULT, UNTYPED, Tally, sweep_bundle, sweep_spaces
 
-from helpers import build_mlir
+from helpers import attention_mlir, build_mlir
 
 pytest.importorskip("onnx", reason="the sweep's models come from the onnx package (portkern[onnx])")
 
@@ -24,21 +24,7 @@ SEED, EXTRA = 24, 1
 
 #: Root ops without linalg indexing maps: IREE's attention and linalg.softmax.
 ROOTS_MLIR = {
-    "attention": """
-func.func @attention(%q: tensor<2x128x64xf32>, %k: tensor<2x128x64xf32>, %v: tensor<2x128x64xf32>) -> tensor<2x128x64xf32> {
-  %scale = arith.constant 0.125 : f32
-  %empty = tensor.empty() : tensor<2x128x64xf32>
-  %r = iree_linalg_ext.attention <{indexing_maps = [affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d3)>,
-      affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d3)>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>,
-      affine_map<(d0, d1, d2, d3, d4) -> ()>, affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2)>]}>
-      ins(%q, %k, %v, %scale : tensor<2x128x64xf32>, tensor<2x128x64xf32>, tensor<2x128x64xf32>, f32)
-      outs(%empty : tensor<2x128x64xf32>) {
-    ^bb0(%score: f32):
-      iree_linalg_ext.yield %score : f32
-  } -> tensor<2x128x64xf32>
-  return %r : tensor<2x128x64xf32>
-}
-""",
+    "attention": attention_mlir(2, 128, 64),
     "softmax": """
 func.func @softmax(%x: tensor<256x1024xf32>) -> tensor<256x1024xf32> {
   %empty = tensor.empty() : tensor<256x1024xf32>

@@ -22,7 +22,7 @@ from portkern.jit.target import Target
 from portkern.jit.workers import Pool, Source, cores
 from portkern.portable.bundle import KernelRecord
 from portkern.tuner import registry
-from portkern.tuner.evaluate import Evaluator
+from portkern.tuner.evaluate import Evaluator, IreeCandidates
 from portkern.tuner.kernel_config import DEFAULT, KernelConfig
 
 
@@ -67,7 +67,8 @@ def compile_space(
     analysed = natives.analyse(natives.plan(record, target))
     dispatches = [registry.dispatch_from_data(d) for d in analysed.dispatches]
     source = Source(hashlib.sha256(analysed.configured).hexdigest(), analysed.configured, CONFIGURED_PHASE)
-    evaluator = Evaluator(pool, target, record.name, source, record.entry, record.signature, target.driver)
+    candidates = IreeCandidates(target, record.name, source, record.entry, record.signature)
+    evaluator = Evaluator(pool, target, record.name, candidates, target.driver)
     reports = []
     for d in dispatches:
         started = time.perf_counter()

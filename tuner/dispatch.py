@@ -38,6 +38,11 @@ class Dispatch:
     dynamic: bool = False
     #: GPUs: the `#iree_gpu.target<...>` of its executable target (arch, intrinsics, limits); "" otherwise.
     gpu_target: str = ""
+    #: The kernel's author asked for it to be tuned (an OpenCL parameter space): strategies never
+    #: leave it at its default as insignificant.
+    requested: bool = False
+    #: For a space that is a list of built points (OpenCL): every point's perf-config string, the default first.
+    points: tuple[str, ...] = ()
 
     @property
     def tunable(self) -> bool:
@@ -55,5 +60,8 @@ class Dispatch:
     def to_dict(self) -> dict:
         """Plain data (what a worker sends back from its analysis)."""
         data = asdict(self)
-        data.update(sizes=list(self.sizes), parallel=list(self.parallel), default=str(self.default) if self.default is not None else None)
+        data.update(
+            sizes=list(self.sizes), parallel=list(self.parallel), points=list(self.points),
+            default=str(self.default) if self.default is not None else None,
+        )
         return data

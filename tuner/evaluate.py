@@ -4,14 +4,16 @@ Every candidate's outputs are compared with the default config's outputs on
 the same inputs before its time counts; a candidate whose code is
 byte-identical to an earlier one's is a duplicate and is not timed again.
 Benchmarks run in this process after each compile batch, never while our own
-compile workers hold the cores.
+compile workers hold the cores. What a config compiles to and how it is run
+is the kernel's `Candidates` (IREE modules here, OpenCL programs in
+`opencl_family`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from typing import Sequence
+from typing import Protocol, Sequence
 
 from portkern.errors import KernelRuntimeError, TuningError, gist
 from portkern.jit.target import Target
@@ -22,19 +24,48 @@ from portkern.tuner.measure import ROUNDS, Bench, Timing, make_inputs, mismatch
 from portkern.tuner.results import Evaluation
 
 
+class Candidates(Protocol):
+    """How one kernel's configs become code that can be checked and timed."""
+
+    def job(self, id: int, config: str) -> Job:
+        """The worker job that compiles a config (its result's `native` is the code)."""
+        ...
+
+    def bench(self, driver: str) -> Bench:
+        """A bench that loads this kernel's code on a driver, with the inputs every config is run on."""
+        ...
+
+    def digest(self, config: str, code: bytes) -> str:
+        """What makes two configs the same program (equal digests: the later one is a duplicate)."""
+        ...
+
+
+class IreeCandidates:
+    """Configs of an IREE kernel: stamped on its configured module and compiled to a vmfb."""
+
+    def __init__(self, target: Target, name: str, source: Source, entry: str, signature: Signature, seed: int = 0) -> None:
+        self.target, self.name, self.source, self.entry = target, name, source, entry
+        self.inputs = make_inputs(signature, seed)
+
+    def job(self, id: int, config: str) -> Job:
+        return Job.compile(id, self.name, self.target, self.source, config)
+
+    def bench(self, driver: str) -> Bench:
+        return Bench(self.entry, driver, self.inputs)
+
+    def digest(self, config: str, code: bytes) -> str:
+        return hashlib.sha256(code).hexdigest()
+
+
 class Evaluator:
     """Compiles, checks and times kernel configs of one kernel on one target."""
 
-    def __init__(
-        self, pool: Pool, target: Target, name: str, source: Source, entry: str, signature: Signature, deployed: str, seed: int = 0
-    ) -> None:
+    def __init__(self, pool: Pool, target: Target, name: str, candidates: Candidates, deployed: str) -> None:
         self.pool = pool
         self.target = target
         self.name = name
-        self.source = source
-        self.entry = entry
+        self.candidates = candidates
         self.deployed = deployed
-        self.inputs = make_inputs(signature, seed)
         self.vmfbs: dict[str, bytes] = {}
         self.results: dict[str, Evaluation] = {}
         self._benches: dict[str, Bench] = {}
@@ -50,7 +81,7 @@ class Evaluator:
         jobs = []
         for config in dict.fromkeys(configs):
             if config not in self.results:
-                jobs.append(Job.compile(self._next_job, self.name, self.target, self.source, config))
+                jobs.append(self.candidates.job(self._next_job, config))
                 self._next_job += 1
         if not jobs:
             return
@@ -65,7 +96,7 @@ class Evaluator:
                 continue
             vmfb = compiled.data["native"]
             evaluation.sha256 = hashlib.sha256(vmfb).hexdigest()
-            owner = self._by_sha.setdefault(evaluation.sha256, evaluation.config)
+            owner = self._by_sha.setdefault(self.candidates.digest(evaluation.config, vmfb), evaluation.config)
             if owner != evaluation.config:
                 evaluation.status, evaluation.duplicate_of = "duplicate", owner
             else:
@@ -76,13 +107,13 @@ class Evaluator:
 
     def bench(self, driver: str) -> Bench:
         if driver not in self._benches:
-            self._benches[driver] = Bench(self.entry, driver, self.inputs)
+            self._benches[driver] = self.candidates.bench(driver)
         return self._benches[driver]
 
     def _executable(self, config: str, driver: str):
         key = (config, driver)
         if key not in self._loaded:
-            self._loaded[key] = self.bench(driver).load(self.vmfbs[config])
+            self._loaded[key] = self.bench(driver).load(self.vmfbs[config], config)
         return self._loaded[key]
 
     def reference(self) -> list:

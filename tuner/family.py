@@ -3,14 +3,18 @@
 A family (CPU, AMD GPU, ...) names its perf-config class, says which printed
 lowering configs belong to a dispatch's root op, reads the compiler's default
 config, rewrites the ops fused with the root (its followers) and the dispatch's
-translation info for a new config, and generates the search space. Families
-are listed in `registry`; nothing else branches on them.
+translation info for a new config, and generates the search space. A family
+may instead tune whole kernels that are not IREE modules (`claims_kernel`,
+`kernel_tuning`: OpenCL kernels with a parameter space). Families are listed
+in `registry`; nothing else branches on them.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
+from portkern.jit.target import Target
+from portkern.portable.bundle import KernelRecord
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.perfconfig import PerfConfig
 from portkern.tuner.space import Space
@@ -55,3 +59,13 @@ class Family:
     def no_space_reason(self, dispatch: Dispatch) -> str:
         """Why `space` gave None for this dispatch."""
         return f"no {self.name} search space"
+
+    def claims_kernel(self, record: KernelRecord) -> bool:
+        """Whether this family tunes the kernel as a whole (`kernel_tuning`) instead of through
+        the analysis of its IREE dispatches."""
+        return False
+
+    def kernel_tuning(self, natives: Any, record: KernelRecord, target: Target) -> tuple[list[Dispatch], Any]:
+        """For a kernel this family claims (of the bundle the `jit.native.NativeCode` `natives`
+        serves): its dispatches, and how its configs are compiled and run (a `tuner.evaluate.Candidates`)."""
+        raise NotImplementedError

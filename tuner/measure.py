@@ -134,8 +134,9 @@ class Bench:
         self.inputs = list(inputs)
         self._device_inputs: list | None = None
 
-    def load(self, vmfb: bytes):
-        """An executable for a candidate's vmfb (KernelRuntimeError if it cannot load)."""
+    def load(self, vmfb: bytes, config: str = "default"):
+        """An executable for a candidate's vmfb (KernelRuntimeError if it cannot load); the config
+        it was compiled with matters only to kernels whose code does not say it (OpenCL points)."""
         from portkern.jit.runtime import Executable
 
         executable = Executable(vmfb, self.entry, self.driver)
@@ -162,3 +163,4 @@ class Bench:
             for i in order if round_index % 2 == 0 else reversed(order):
                 per_round[i].append(self.time(executables[i], warmup=1, runs=runs).median_s)
         return [Timing.of(samples) for samples in per_round]
+

@@ -7,7 +7,8 @@ its entry in `FAMILIES`.
 from __future__ import annotations
 
 from portkern.errors import PerfConfigError
-from portkern.tuner import amdgpu_family, cpu_family, cuda_family
+from portkern.portable.bundle import KernelRecord
+from portkern.tuner import amdgpu_family, cpu_family, cuda_family, opencl_family
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.family import Family
 from portkern.tuner.perfconfig import MAX_CONFIG_CHARS, PerfConfig
@@ -17,7 +18,7 @@ from portkern.tuner.space import Space
 DYNAMIC_REASON = "dynamic loop ranges: tuned per shape bucket (shapes=[...], portkern tune --shapes)"
 
 #: Every family, by name.
-FAMILIES: dict[str, Family] = {f.name: f for f in (cpu_family.FAMILY, amdgpu_family.FAMILY, cuda_family.FAMILY)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (cpu_family.FAMILY, amdgpu_family.FAMILY, cuda_family.FAMILY, opencl_family.FAMILY)}
 
 
 def family(name: str) -> Family:
@@ -30,6 +31,12 @@ def family(name: str) -> Family:
 def family_of(target: str, lowering_configs: list[str]) -> Family | None:
     """The family a dispatch belongs to, from its printed target and lowering configs."""
     return next((f for f in FAMILIES.values() if f.claims(target, lowering_configs)), None)
+
+
+def kernel_family(record: KernelRecord) -> Family | None:
+    """The family that tunes this kernel as a whole (its configs are not found by analysing IREE
+    dispatches), None for kernels whose dispatches are analysed."""
+    return next((f for f in FAMILIES.values() if f.claims_kernel(record)), None)
 
 
 def is_root(lowering_config: str) -> bool:
@@ -60,7 +67,10 @@ def dispatch_from_data(data: dict) -> Dispatch:
     PerfConfigError if it is not that."""
     try:
         default = parse(data["default"], data["family"]) if data.get("default") is not None else None
-        fields = {**data, "sizes": tuple(int(s) for s in data["sizes"]), "parallel": tuple(bool(p) for p in data["parallel"]), "default": default}
+        fields = {
+            **data, "sizes": tuple(int(s) for s in data["sizes"]), "parallel": tuple(bool(p) for p in data["parallel"]),
+            "points": tuple(str(p) for p in data.get("points", ())), "default": default,
+        }
         return Dispatch(**fields)
     except (KeyError, TypeError, ValueError) as exc:
         raise PerfConfigError(f"not a dispatch description: {exc}") from None

@@ -29,7 +29,7 @@ from portkern.tuner import kernel_config, perfconfig, registry, strategies
 from portkern.tuner.buckets import tune_shapes
 from portkern.tuner.db import TuningDB, result_from_selection, satisfies
 from portkern.tuner.dispatch import Dispatch
-from portkern.tuner.evaluate import Evaluator
+from portkern.tuner.evaluate import Evaluator, IreeCandidates
 from portkern.tuner.kernel_config import DEFAULT, KernelConfig
 from portkern.tuner.measure import ROUNDS
 from portkern.tuner.results import DispatchResult, TuneResult
@@ -81,8 +81,9 @@ class Tuner:
         module = strategies.get(strategy)
         Budget(budget, time_limit)  # validates
         start = time.perf_counter()
-        if not toolchain_for(record).tunable:
-            return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=f"{record.kind} kernels are not tuned")
+        if not toolchain_for(record).tunable(record):
+            note = f"{record.kind} kernels without a parameter space (`tune: params:`) are not tuned"
+            return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=note)
         check_toolchain(record, target)
         db = TuningDB(natives.store, compiler_id(record))
         problem = selection_problem(record, target)
@@ -90,7 +91,7 @@ class Tuner:
             result = TuneResult(record.name, target.label, strategy, DEFAULT, "default", note="the compiler's default, stored as the kernel's selection")
             db.put_selection(problem, target, natives.bundle.name, result)
             return result
-        dynamic = _dynamic_dimension(record)
+        dynamic = "" if registry.kernel_family(record) else _dynamic_dimension(record)
         if dynamic:
             note = f"{dynamic} is dynamic: the dynamic default runs; tune per shape bucket with shapes=[...] (portkern tune --shapes)"
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=note)
@@ -142,12 +143,17 @@ class _Run:
         self.deadline = time.perf_counter() + time_limit if time_limit else None
         self.retune = retune
         self.progress = progress
-        # a worker configures the module (fitted to the target); the others only stamp and finish it
-        analysed = natives.analyse(natives.plan(record, target))
-        self.found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
-        code = analysed.configured
-        source = Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE)
-        self.evaluator = Evaluator(tuner.pool, target, record.name, source, record.entry, record.signature, target.driver)
+        family = registry.kernel_family(record)
+        if family is not None:
+            self.found, candidates = family.kernel_tuning(natives, record, target)
+        else:
+            # a worker configures the module (fitted to the target); the others only stamp and finish it
+            analysed = natives.analyse(natives.plan(record, target))
+            self.found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
+            code = analysed.configured
+            source = Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE)
+            candidates = IreeCandidates(target, record.name, source, record.entry, record.signature)
+        self.evaluator = Evaluator(tuner.pool, target, record.name, candidates, target.driver)
 
     def execute(self) -> TuneResult:
         found = self.found

@@ -167,7 +167,9 @@ def describe(path: Path) -> Report:
         out.print(f"signature: {verdict.describe()}")
         rows = []
         for k in bundle.kernels:
-            stages = ", ".join(f"{_stage_text(s)} {human_size(s.size)}" for s in k.stages)
+            stages = ", ".join(
+                f"{_stage_text(s)} {human_size(s.size)}" for s in k.stages
+            ) if len(k.stages) <= 4 else f"{len(k.stages)} stages ({human_size(sum(s.size for s in k.stages))})"
             native = ", ".join(f"{n.target} {human_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
             contract = k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch (below)"
             rows.append([k.name, k.kind, k.entry, str(k.signature), contract, stages, native])
@@ -177,7 +179,12 @@ def describe(path: Path) -> Report:
             for k in bundle.kernels for s in k.stages})
         out.print("producer: " + "; ".join(producers))
         for k in bundle.kernels:
-            if k.launch:
+            points = k.launch.get("variants", []) if k.launch else []
+            if points and points[0].get("params"):
+                default = ",".join(f"{n}={v}" for n, v in points[0]["params"])
+                at = ", ".join(f"{n}={v}" for n, v in k.launch.get("tune_at", {}).items()) or "static shapes"
+                out.print(f"launch {k.name}: global ({', '.join(k.launch['global'])}); {len(points)} points, default {default}, tuned at {at}")
+            elif k.launch:
                 sizes = "; ".join(
                     ("" if v["subgroup_size"] is None else f"sub-group {v['subgroup_size']}: ")
                     + ("x".join(map(str, v["local"])) if v["local"] else "driver's choice")

@@ -21,10 +21,10 @@ def register(sub) -> None:
     demo = sub.add_parser("demo", help="build, finalise, tune and run the shipped examples on this CPU")
     demo.add_argument(
         "-o", "--output", type=Path, default=Path("portkern-demo/examples.pkb"),
-        help="where to write the example bundle; the OpenCL examples go next to it as STEM-opencl.pkb",
+        help="where to write the example bundle; the OpenCL examples go next to it as STEM-opencl.pkb and STEM-opencl-tuning.pkb",
     )
     demo.add_argument("--device", default="cpu", help="device to run on (default: cpu)")
-    demo.add_argument("--tune", default="quick", help="tuning strategy for the MLIR/ONNX kernels (default: quick; 'default' skips tuning)")
+    demo.add_argument("--tune", default="quick", help="tuning strategy for the MLIR/ONNX kernels and the OpenCL kernels with a parameter space (default: quick; 'default' skips tuning)")
     demo.add_argument("--seed", type=seed, default=0, help="seed of the random inputs (an integer from 0 to 2**63-1; default 0)")
     add_cache_dir(demo)
     add_json(demo)
@@ -63,9 +63,9 @@ def run_demo(args: argparse.Namespace) -> Report:
     bundle = portkern.load(args.output, store=store)
     rng = np.random.default_rng(args.seed)
     results = run_examples(bundle, args.device, args.tune, rng, None if quiet else log)
-    opencl = run_opencl_examples(opencl_output(args.output), store, rng, None if quiet else log)
+    opencl = run_opencl_examples(opencl_output(args.output), store, rng, None if quiet else log, args.tune)
     results += opencl.pop("results")
-    digests = {bundle.digest, opencl.get("digest")}
+    digests = {bundle.digest, opencl.get("digest"), opencl.get("tuning_digest")}
     entries = [e for e in store.entries() if e.bundle_digest in digests]
     data = {
         "bundle": str(args.output),
@@ -89,11 +89,12 @@ def run_demo(args: argparse.Namespace) -> Report:
     return Report(data, render, status=0 if data["ok"] else 1)
 
 
-def run_opencl_examples(output: Path, store, rng: np.random.Generator, log) -> dict:
-    """Build the OpenCL C examples and run them on this machine's OpenCL device, if both are possible."""
+def run_opencl_examples(output: Path, store, rng: np.random.Generator, log, tune: str | None = None) -> dict:
+    """Build the OpenCL C examples and run them on this machine's OpenCL device, if both are possible;
+    the examples with a parameter space (a second bundle beside `output`) are tuned with `tune`."""
     import portkern
     from portkern.errors import DeviceError
-    from portkern.examples import OPENCL_MANIFEST
+    from portkern.examples import OPENCL_MANIFEST, OPENCL_TUNING_MANIFEST
     from portkern.jit.devices import resolve
     from portkern.portable.builder import build_file
     from portkern.portable.opencl import APT_HINT, missing_tools
@@ -116,6 +117,11 @@ def run_opencl_examples(output: Path, store, rng: np.random.Generator, log) -> d
     built = build_file(OPENCL_MANIFEST, output, None if log is None else lambda s, i, n: log.print(f"build [{i + 1}/{n}] {s.name} (OpenCL C)"))
     report.update(digest=built.digest, build_s=time.perf_counter() - start)
     report["results"] = run_examples(portkern.load(output, store=store), "opencl", None, rng, log)
+    spaces = output.with_name(f"{output.stem}-tuning.pkb")
+    start = time.perf_counter()
+    built = build_file(OPENCL_TUNING_MANIFEST, spaces, None if log is None else lambda s, i, n: log.print(f"build [{i + 1}/{n}] {s.name} (OpenCL C, every point of its space)"))
+    report.update(tuning_bundle=str(spaces), tuning_digest=built.digest, tuning_build_s=time.perf_counter() - start)
+    report["results"] += run_examples(portkern.load(spaces, store=store), "opencl", tune, rng, log)
     return report
 
 

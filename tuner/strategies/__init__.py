@@ -52,9 +52,9 @@ def level(name: str) -> int:
 
 
 def significant(dispatches: Sequence[Dispatch]) -> list[Dispatch]:
-    """The tunable dispatches that carry a real share of the kernel's work."""
+    """The tunable dispatches that carry a real share of the kernel's work (or that the kernel's author asked to tune)."""
     total = sum(d.work for d in dispatches if d.tunable) or 1
-    return [d for d in dispatches if d.tunable and d.work >= SIGNIFICANT_POINTS and d.work / total >= SIGNIFICANT_SHARE]
+    return [d for d in dispatches if d.tunable and (d.requested or d.work >= SIGNIFICANT_POINTS and d.work / total >= SIGNIFICANT_SHARE)]
 
 
 def tunable(dispatches: Sequence[Dispatch]) -> list[Dispatch]:

@@ -1,0 +1,76 @@
+"""Framework tensors as kernel arguments and results, through DLPack, without copies on the CPU.
+
+Any object with `__dlpack__` (torch CPU tensors, JAX CPU arrays, ...) is taken as a NumPy
+view of the same memory (`numpy.from_dlpack`). What NumPy cannot view is refused with an
+`ArgumentTypeError` that says what to do: a tensor outside host memory (copy it to the host
+first), one that requires grad (detach it), an element type NumPy has not (bfloat16, ...).
+When every input of a call is a torch tensor, the results are torch tensors over portkern's
+result arrays (`torch.from_dlpack`). Nothing here imports a framework: a torch tensor comes
+with torch already imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable, Sequence
+
+import numpy as np
+
+from portkern.errors import ArgumentTypeError
+
+#: A function that turns a call's result array into the caller's framework's tensor.
+Wrap = Callable[[np.ndarray], object]
+
+#: DLPack's device type for host memory (kDLCPU).
+_DLPACK_CPU = 1
+
+
+def is_tensor(value: object) -> bool:
+    """Whether a value is a framework tensor that is not a NumPy array (its type has `__dlpack__`)."""
+    return not isinstance(value, (np.ndarray, np.generic)) and hasattr(type(value), "__dlpack__")
+
+
+def as_array(kernel: str, index: int, value: object) -> np.ndarray:
+    """A NumPy view of a framework tensor's memory (no copy), or an ArgumentTypeError."""
+    kind = _kind(value)
+    device = _device(value)
+    if device is not None and device != _DLPACK_CPU:
+        where = getattr(value, "device", f"DLPack device type {device}")
+        raise ArgumentTypeError(
+            f"{kernel}() argument {index} is a {kind} on {where}; kernels take host memory (copy it first, e.g. tensor.cpu())"
+        )
+    if getattr(value, "requires_grad", False) is True:
+        raise ArgumentTypeError(f"{kernel}() argument {index} is a {kind} that requires grad; pass tensor.detach()")
+    try:
+        return np.from_dlpack(value)
+    except (BufferError, RuntimeError, TypeError, ValueError, AttributeError) as exc:
+        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        raise ArgumentTypeError(f"{kernel}() argument {index}: a {kind} that NumPy cannot view ({reason})") from None
+
+
+def result_wrapper(args: Sequence[object]) -> Wrap | None:
+    """How to hand results to a caller whose every input is a torch tensor (None: as NumPy arrays)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not args:
+        return None
+    if not all(type(a).__module__.partition(".")[0] == "torch" and isinstance(a, torch.Tensor) for a in args):
+        return None
+
+    def wrap(array: np.ndarray) -> object:
+        if not array.flags.writeable:
+            array = array.copy()  # DLPack cannot carry read-only memory to torch
+        return torch.from_dlpack(array)
+
+    return wrap
+
+
+def _device(value: object) -> int | None:
+    try:
+        return int(value.__dlpack_device__()[0])
+    except Exception:  # noqa: BLE001 - no or an unusual __dlpack_device__: from_dlpack decides
+        return None
+
+
+def _kind(value: object) -> str:
+    cls = type(value)
+    return f"{cls.__module__.partition('.')[0]}.{cls.__name__}"
