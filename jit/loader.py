@@ -50,7 +50,7 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     foreign = foreign_release(bundle)
     if foreign:
         warnings.warn(
-            f"{path}: built with IREE {foreign}, IREE {installed_compiler().version} is installed: "
+            f"{path}: built with {foreign}, IREE {installed_compiler().version} is installed: "
             "its kernels are compiled from their source stage", CompatibilityWarning, stacklevel=3,
         )
     if not any(seen):

@@ -77,12 +77,15 @@ def readable_stage(record: KernelRecord, family: str) -> Stage:
 
 
 def foreign_release(bundle: Bundle) -> str:
-    """The IREE version a bundle was built with when it is another release than the installed one and
+    """What built a bundle (`IREE 3.12.0`) when it is another release than the installed IREE and
     its kernels use their source stage ("" otherwise)."""
     for record in bundle.kernels:
-        source = record.source_stage()
-        if source is not None and any(s.format == "mlir-bytecode" and not same_release(s.producer) for s in record.stages):
-            return source.producer.version
+        if record.source_stage() is None:
+            continue
+        for stage in record.stages:
+            if stage.format == "mlir-bytecode" and not same_release(stage.producer):
+                compiler = "IREE" if stage.producer.compiler == "iree" else repr(stage.producer.compiler)
+                return f"{compiler} {stage.producer.version}"
     return ""
 
 

@@ -6,8 +6,12 @@ From a valid seed bundle it makes re-sealed mutations of four kinds:
 - "payload": bytes of the msgpack payload mutated, the header's length and digest recomputed;
 - "metadata": one value of the metadata replaced by a hostile one (huge and negative integers,
   long strings, path-like names, deep nesting, wrong types), or a key added, then re-sealed;
-- "blob": an MLIR bytecode, SPIR-V or SPIR blob mutated, its name (sha256), size and every
-  reference to it recomputed, then re-sealed.
+- "blob": an MLIR bytecode, SPIR-V or SPIR blob, or a source stage (zlib MLIR text, as
+  compressed bytes or as text; ONNX protobuf), mutated, its name (sha256), size and every reference to it recomputed, then re-sealed.
+
+Re-sealing keeps the seed's format version. A seed of another IREE release (`build_seed(...,
+foreign=...)`, the producer records re-sealed) has its kernels compiled from their source stages,
+so mutated source stages reach the device's importer and compiler (in workers).
 
 `slow_module` is MLIR that makes the compiler run long (for the compile-time bound).
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import random
 import traceback
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,16 +34,19 @@ from typing import Any, Iterator
 
 import msgpack
 import numpy as np
+from helpers import reseal
 
 import portkern
 from portkern.portable import framing
 from portkern.cache.store import Store
 from portkern.errors import PortkernError
 from portkern.portable.bundle import MAGIC
+from portkern.portable.source import FORMATS as SOURCE_FORMATS
+from portkern.portable.source import MLIR_TEXT
 
 KINDS = ("raw", "payload", "metadata", "blob")
 #: Blob formats the "blob" kind mutates (never prebuilt native code: that is trusted by signature, not parsed).
-MUTABLE_FORMATS = ("mlir-bytecode", "spirv", "spir-bitcode")
+MUTABLE_FORMATS = ("mlir-bytecode", "spirv", "spir-bitcode", *SOURCE_FORMATS)
 
 SEED_MLIR = """func.func @"fuzz-seed.main"(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>, %c: tensor<4xf32>) -> tensor<4x4xf32> {
   %z = arith.constant 0.0 : f32
@@ -78,23 +86,52 @@ OPENCL_ENTRY = """  - name: scale_add
     global: [N]
 """
 
+ONNX_ENTRY = """  - name: dense
+    source: dense.onnx
+"""
+
 HOSTILE: tuple[Any, ...] = (
     2**63 - 1, -(2**63), 2**64 - 1, -1, 0, 10**12, 1.5, float("nan"), None, True, b"\x00bytes", "", [], {},
     "A" * 70_000, "B" * 5_000, "../../etc/passwd", "/etc/passwd", "a/b", "..", "C:\\evil", "name\x00nul", "\u202eltr",
 )
 
 
-def build_seed(where: Path, opencl: bool) -> Path:
-    """The seed bundle: a tiny MLIR kernel, and a tiny OpenCL kernel when `opencl`."""
+def build_seed(where: Path, opencl: bool, onnx: bool = False, foreign: str = "") -> Path:
+    """The seed bundle: a tiny MLIR kernel with its source stage, a tiny OpenCL kernel when
+    `opencl`, a tiny ONNX model when `onnx`; re-sealed as built by IREE `foreign` when given."""
     from portkern.portable.builder import build_file
 
     where.mkdir(parents=True, exist_ok=True)
     (where / "tiny.mlir").write_text(SEED_MLIR)
     (where / "scale_add.cl").write_text(SEED_OPENCL)
-    (where / "manifest.yaml").write_text(SEED_MANIFEST.format(opencl=OPENCL_ENTRY if opencl else ""))
-    # without source stages: the seeded corpus stays the one the figures in README were taken with
-    build_file(where / "manifest.yaml", where / "seed.pkb", source=False)
+    if onnx:
+        (where / "dense.onnx").write_bytes(seed_onnx())
+    entries = (OPENCL_ENTRY if opencl else "") + (ONNX_ENTRY if onnx else "")
+    (where / "manifest.yaml").write_text(SEED_MANIFEST.format(opencl=entries))
+    build_file(where / "manifest.yaml", where / "seed.pkb")
+    if foreign:
+        return reseal(where / "seed.pkb", where / "foreign-seed.pkb", foreign)
     return where / "seed.pkb"
+
+
+def seed_onnx() -> bytes:
+    """A tiny ONNX model, relu(x @ W + b) with x 4x16, W 16x16, b 16 (seeded values)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    weight = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [weight, bias],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
 
 
 @dataclass(frozen=True)
@@ -138,8 +175,8 @@ def slow_module(ops: int = 1500) -> str:
 # --- making cases -------------------------------------------------------------------
 
 
-def _seal(payload: bytes) -> bytes:
-    header = framing.HEADER.pack(MAGIC, 1, 0, len(payload), hashlib.sha256(payload).digest())
+def _seal(payload: bytes, version: tuple[int, int]) -> bytes:
+    header = framing.HEADER.pack(MAGIC, *version, len(payload), hashlib.sha256(payload).digest())
     return header + payload
 
 
@@ -193,24 +230,27 @@ def _set(document: Any, path: tuple, value: Any) -> None:
     document[last] = value
 
 
-def cases(seed: bytes, count: int, rng_seed: int = 0) -> Iterator[Case]:
-    """`count` mutations of the seed bundle's bytes, the kinds in turn."""
+def cases(
+    seed: bytes, count: int, rng_seed: int = 0, kinds: tuple[str, ...] = KINDS, formats: tuple[str, ...] = MUTABLE_FORMATS
+) -> Iterator[Case]:
+    """`count` mutations of the seed bundle's bytes, the `kinds` in turn ("blob": of stages of `formats`)."""
     rng = random.Random(rng_seed)
+    version = framing.HEADER.unpack(seed[: framing.HEADER_SIZE])[1:3]
     document = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
     meta_paths = list(_paths(document["meta"]))[1:]
     stages = [
         (k, s)
         for k, kernel in enumerate(document["meta"]["kernels"])
         for s, stage in enumerate(kernel["stages"])
-        if stage["format"] in MUTABLE_FORMATS
+        if stage["format"] in formats
     ]
     for index in range(count):
-        kind = KINDS[index % len(KINDS)]
+        kind = kinds[index % len(kinds)]
         if kind == "raw":
             data, what = _mutate_bytes(rng, seed)
         elif kind == "payload":
             payload, what = _mutate_bytes(rng, seed[framing.HEADER_SIZE :])
-            data = _seal(payload)
+            data = _seal(payload, version)
         elif kind == "metadata":
             doc = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
             path = rng.choice(meta_paths)
@@ -218,17 +258,26 @@ def cases(seed: bytes, count: int, rng_seed: int = 0) -> Iterator[Case]:
                 path = (*path[:-1], rng.choice(("extra", "../x", "a" * 300)))
             value = _hostile(rng)
             _set(doc["meta"], path, value)
-            data = _seal(_pack(doc))
+            data = _seal(_pack(doc), version)
             what = f"{'/'.join(map(str, path))}={_short(value)}"
         else:
             doc = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
             k, s = rng.choice(stages)
             stage = doc["meta"]["kernels"][k]["stages"][s]
-            blob, what = _mutate_bytes(rng, doc["blobs"][stage["blob"]])
+            blob, what = _mutate_blob(rng, doc["blobs"][stage["blob"]], stage["format"])
             _replace_blob(doc, stage["blob"], blob)
-            data = _seal(_pack(doc))
+            data = _seal(_pack(doc), version)
             what = f"{stage['format']} of kernel {k}: {what}"
         yield Case(index, kind, what, data)
+
+
+def _mutate_blob(rng: random.Random, data: bytes, fmt: str) -> tuple[bytes, str]:
+    """A mutated blob; a zlib MLIR text stage half the time mutated as text and compressed again
+    (so that the mutation reaches the MLIR parser rather than zlib)."""
+    if fmt == MLIR_TEXT and rng.random() < 0.5:
+        text, what = _mutate_bytes(rng, zlib.decompress(data))
+        return zlib.compress(text), f"text {what}"
+    return _mutate_bytes(rng, data)
 
 
 def _get(document: Any, path: tuple) -> Any:

@@ -1,4 +1,4 @@
-"""Assertions shared by the kernel tests."""
+"""Assertions and bundles shared by the kernel tests."""
 
 from __future__ import annotations
 
@@ -43,6 +43,32 @@ def build_mlir(where: Path, name: str = "k", **sources: str) -> Path:
     (where / f"{name}.yaml").write_text("\n".join(lines) + "\n")
     build_file(where / f"{name}.yaml", where / f"{name}.pkb")
     return where / f"{name}.pkb"
+
+
+def reseal(path: Path, out: Path, version: str, source: bytes | None = None) -> Path:
+    """`path` with every stage's producer set to IREE `version` (a bundle of another release,
+    as far as the loader can tell), and the MLIR kernels' source stage replaced by `source` bytes
+    when given, sealed again as a valid bundle."""
+    import dataclasses
+
+    from portkern.portable.bundle import Bundle, read_bundle, sha256, write_bundle
+    from portkern.portable.source import MLIR_TEXT
+
+    bundle = read_bundle(path)
+    blobs = dict(bundle.blobs)
+    kernels = []
+    for record in bundle.kernels:
+        stages = []
+        for stage in record.stages:
+            stage = dataclasses.replace(stage, producer=dataclasses.replace(stage.producer, version=version))
+            if source is not None and stage.is_source and stage.format == MLIR_TEXT:
+                blobs.pop(stage.blob, None)
+                stage = dataclasses.replace(stage, blob=sha256(source), size=len(source))
+                blobs[stage.blob] = source
+            stages.append(stage)
+        kernels.append(dataclasses.replace(record, stages=tuple(stages)))
+    write_bundle(Bundle(bundle.name, tuple(kernels), blobs), out)
+    return out
 
 
 def attention_mlir(batch: int, length: int, dim: int) -> str:

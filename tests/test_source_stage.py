@@ -4,20 +4,19 @@ bundle is refused across releases, and an unreadable source stage is a typed err
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import zlib
 from pathlib import Path
 
 import pytest
-from helpers import assert_matches
+from helpers import assert_matches, reseal
 
 import portkern
 from portkern.cli.main import main
 from portkern.errors import IncompatibleProducerError
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
-from portkern.portable.bundle import Bundle, read_bundle, sha256, write_bundle
+from portkern.portable.bundle import read_bundle
 from portkern.portable.builder import build_file
 from portkern.portable.producer import installed_compiler
 from portkern.portable.source import MLIR_TEXT, ONNX_PROTOBUF, CompatibilityWarning
@@ -25,29 +24,9 @@ from portkern.portable.source import MLIR_TEXT, ONNX_PROTOBUF, CompatibilityWarn
 OTHER = "3.12.0"
 
 
-def reseal(path: Path, out: Path, version: str = OTHER, source=None) -> Path:
-    """`path` with every stage's producer set to IREE `version` (and the MLIR kernels' source stage
-    replaced by `source` bytes, when given), sealed again as a valid bundle."""
-    bundle = read_bundle(path)
-    blobs = dict(bundle.blobs)
-    kernels = []
-    for record in bundle.kernels:
-        stages = []
-        for stage in record.stages:
-            stage = dataclasses.replace(stage, producer=dataclasses.replace(stage.producer, version=version))
-            if source is not None and stage.is_source and stage.format == MLIR_TEXT:
-                blobs.pop(stage.blob, None)
-                stage = dataclasses.replace(stage, blob=sha256(source), size=len(source))
-                blobs[stage.blob] = source
-            stages.append(stage)
-        kernels.append(dataclasses.replace(record, stages=tuple(stages)))
-    write_bundle(Bundle(bundle.name, tuple(kernels), blobs), out)
-    return out
-
-
 @pytest.fixture(scope="module")
 def foreign(examples_bundle, tmp_path_factory) -> Path:
-    return reseal(examples_bundle, tmp_path_factory.mktemp("foreign") / "foreign.pkb")
+    return reseal(examples_bundle, tmp_path_factory.mktemp("foreign") / "foreign.pkb", OTHER)
 
 
 def test_the_builder_keeps_a_source_stage_per_kernel(examples_bundle):
@@ -102,7 +81,7 @@ def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
     assert read_bundle(built).version == (1, 0)  # the oldest version that holds it
     assert all(record.source_stage() is None for record in read_bundle(built).kernels)
     with pytest.raises(IncompatibleProducerError, match=f"built with IREE {OTHER}, but IREE {installed_compiler().version}"):
-        portkern.load(reseal(built, tmp_path / "plain-foreign.pkb"))
+        portkern.load(reseal(built, tmp_path / "plain-foreign.pkb", OTHER))
 
 
 @pytest.mark.parametrize(
@@ -115,7 +94,7 @@ def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
     ids=["unparseable", "not-zlib", "truncated"],
 )
 def test_an_unreadable_source_stage_names_both_releases(examples_bundle, tmp_path, store, blob, why):
-    bad = reseal(examples_bundle, tmp_path / "bad.pkb", source=blob)
+    bad = reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, source=blob)
     with pytest.warns(CompatibilityWarning):
         bundle = portkern.load(bad, store=store)
     with pytest.raises(IncompatibleProducerError) as caught:
