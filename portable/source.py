@@ -1,14 +1,20 @@
 """The source stage: a kernel as written, which IREE releases other than the one that built the bundle read.
 
 IREE's dialects are not versioned, so a bundle's bytecode stages are read only
-by the IREE release that wrote them. Beside them, each MLIR and ONNX kernel
+by the IREE release that wrote them. Beside them, each kernel compiled by IREE
 keeps (unless built with `--no-source`) a source stage of phase `start`:
 
 - MLIR kernels: the input-dialect text as written, zlib-compressed
   (`mlir-text-zlib`; chosen over IREE's generic printer form, see
   docs/bundle-format.md);
 - ONNX models: the ONNX protobuf (`onnx-protobuf`), with its opset and IR
-  version recorded; the device imports it with its own IREE's importer.
+  version recorded; the device imports it with its own IREE's importer. The
+  initializers that the build made parameters keep no bytes here: each is
+  marked as external data at `PARAMETER_LOCATION`, and the device's importer
+  turns it into a reference to the same parameter in the bundle's section;
+- PyTorch programs: the MLIR text iree-turbine exported (torch dialect, every
+  weight a parameter reference), zlib-compressed: a `.pt2` file would need
+  torch on the device.
 
 A device whose IREE release differs from the bundle's compiles the source
 stage with its own compiler (in a worker; nothing of it is parsed in the
@@ -26,6 +32,8 @@ from portkern.errors import BuildError, IncompatibleProducerError
 from portkern.portable.bundle import SOURCE_PHASE, Bundle, KernelRecord, Stage, sha256
 from portkern.portable.lower import Lowered, import_onnx
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_parameters import load_graph, opset_of, sanitized
+from portkern.portable.parameters import referenced
 from portkern.portable.producer import installed_compiler, same_release
 
 class CompatibilityWarning(UserWarning):
@@ -37,32 +45,49 @@ ONNX_PROTOBUF = "onnx-protobuf"
 FORMATS = (MLIR_TEXT, ONNX_PROTOBUF)
 #: Largest MLIR text a compressed source stage may inflate to.
 MAX_SOURCE_TEXT_BYTES = 256 << 20
+#: The external-data location of an ONNX source model's initializers whose bytes are the bundle's
+#: parameters (named as the importer names them). Not a file: nothing reads it.
+PARAMETER_LOCATION = "portkern:parameter-section"
+#: The fields of an ONNX TensorProto that hold its values.
+TENSOR_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 
 
 def source_stage(spec: KernelSpec, lowered: Lowered) -> tuple[Stage, bytes]:
     """A kernel's source stage (recorded as written by the release that built the bundle) and its bytes."""
-    data = spec.source.read_bytes()
     producer = replace(lowered.producer, bytecode_version=None)
     if spec.kind == "onnx":
-        return Stage(SOURCE_PHASE, "any", ONNX_PROTOBUF, sha256(data), len(data), producer, model=model_info(data, spec)), data
-    packed = zlib.compress(data, 9)
+        model = load_graph(spec.source)
+        info = {"opset": opset_of(model), "ir_version": int(model.ir_version)}
+        if not info["opset"]:
+            raise BuildError(f"{spec.source}: the ONNX model imports no default-domain opset")
+        data = onnx_source(model, spec.source, {name for _, name in referenced(lowered.source)})
+        return Stage(SOURCE_PHASE, "any", ONNX_PROTOBUF, sha256(data), len(data), producer, model=info), data
+    # a PyTorch program's source is what iree-turbine exported from it, its weights parameters
+    packed = zlib.compress(lowered.source if spec.kind == "torch" else spec.source.read_bytes(), 9)
     return Stage(SOURCE_PHASE, "any", MLIR_TEXT, sha256(packed), len(packed), producer), packed
 
 
-def model_info(data: bytes, spec: KernelSpec) -> dict[str, int]:
-    """An ONNX model's default-domain opset and IR version (read with the `onnx` package, weights not loaded)."""
-    try:
-        import onnx
+def onnx_source(model, path: Path, parameters: set[str]) -> bytes:
+    """An ONNX model (loaded without its external data) as its source stage keeps it: the
+    initializers named in `parameters` without their bytes, marked as external data at
+    `PARAMETER_LOCATION`; any other initializer's external data read into the model."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-        model = onnx.load_model_from_string(data)
-    except ImportError:
-        raise BuildError(f"{spec.source}: reading an ONNX model needs the 'onnx' package (pip install 'portkern[onnx]')") from None
-    except Exception as exc:  # noqa: BLE001 - onnx raises DecodeError and others for a damaged model
-        raise BuildError(f"{spec.source}: not an ONNX model: {exc}") from None
-    opsets = [o.version for o in model.opset_import if o.domain in ("", "ai.onnx")]
-    if not opsets:
-        raise BuildError(f"{spec.source}: the ONNX model imports no default-domain opset")
-    return {"opset": int(opsets[0]), "ir_version": int(model.ir_version)}
+    for tensor in model.graph.initializer:
+        if sanitized(tensor.name) in parameters:
+            for field in TENSOR_DATA_FIELDS:
+                tensor.ClearField(field)
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.EXTERNAL
+            entry = tensor.external_data.add()
+            entry.key, entry.value = "location", PARAMETER_LOCATION
+        elif uses_external_data(tensor):
+            try:
+                load_external_data_for_tensor(tensor, str(path.parent))
+            except Exception as exc:  # noqa: BLE001 - onnx raises several types for a missing or escaping file
+                raise BuildError(f"{path}: external data of initializer {tensor.name!r}: {exc}") from None
+    return model.SerializeToString()
 
 
 def readable_stage(record: KernelRecord, family: str) -> Stage:
@@ -101,13 +126,41 @@ def source_text(stage: Stage, data: bytes, name: str) -> bytes:
     IncompatibleProducerError, naming both releases, when this release cannot import it."""
     if stage.format == MLIR_TEXT:
         return inflate(stage, data, name)
+    parameters = parameter_initializers(stage, data, name)
     with tempfile.TemporaryDirectory(prefix="portkern-source-") as tmp:
         path = Path(tmp) / "model.onnx"
         path.write_bytes(data)
         try:
-            return import_onnx(path)
+            text = import_onnx(path, large=bool(parameters))
         except BuildError as exc:
             raise unreadable(stage, name, str(exc).replace(str(path), "the model")) from None
+    inline = sorted(parameters - {reference for _, reference in referenced(text)})
+    if inline:
+        raise unreadable(stage, name, f"its importer keeps initializer {inline[0]!r} in the code, not as the bundle's parameter")
+    return text
+
+
+def parameter_initializers(stage: Stage, data: bytes, name: str) -> set[str]:
+    """The (sanitized) names of a source model's initializers whose bytes are the bundle's parameters;
+    a model that refers to any other external data is refused."""
+    try:
+        import onnx
+        from onnx.external_data_helper import _get_all_tensors, uses_external_data
+    except ImportError:
+        raise unreadable(stage, name, "reading an ONNX model needs the 'onnx' package (pip install 'portkern[onnx]')") from None
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as exc:  # noqa: BLE001 - protobuf raises DecodeError and others for a damaged model
+        raise unreadable(stage, name, f"not an ONNX model ({type(exc).__name__}: {exc})") from None
+    found = set()
+    for tensor in _get_all_tensors(model):
+        if not uses_external_data(tensor):
+            continue
+        location = next((entry.value for entry in tensor.external_data if entry.key == "location"), "")
+        if location != PARAMETER_LOCATION:
+            raise unreadable(stage, name, f"tensor {tensor.name!r} refers to external data {location!r}, not to the bundle's parameters")
+        found.add(sanitized(tensor.name))
+    return found
 
 
 def inflate(stage: Stage, data: bytes, name: str) -> bytes:

@@ -48,15 +48,21 @@ def build_mlir(where: Path, name: str = "k", **sources: str) -> Path:
 def reseal(path: Path, out: Path, version: str, source: bytes | None = None) -> Path:
     """`path` with every stage's producer set to IREE `version` (a bundle of another release,
     as far as the loader can tell), and the MLIR kernels' source stage replaced by `source` bytes
-    when given, sealed again as a valid bundle."""
+    when given, sealed again as a valid bundle (with the same parameters)."""
     import dataclasses
 
     from portkern.portable.bundle import Bundle, read_bundle, sha256, write_bundle
+    from portkern.portable.parameters import ParameterData, file_pieces
     from portkern.portable.source import MLIR_TEXT
 
     bundle = read_bundle(path)
     blobs = dict(bundle.blobs)
     kernels = []
+    section = bundle.parameters
+    parameters = tuple(
+        ParameterData(record.name, p.scope, p.name, p.size, file_pieces(path, section.offset + p.offset, p.size))
+        for record in bundle.kernels for p in record.parameters
+    )
     for record in bundle.kernels:
         stages = []
         for stage in record.stages:
@@ -66,8 +72,8 @@ def reseal(path: Path, out: Path, version: str, source: bytes | None = None) -> 
                 stage = dataclasses.replace(stage, blob=sha256(source), size=len(source))
                 blobs[stage.blob] = source
             stages.append(stage)
-        kernels.append(dataclasses.replace(record, stages=tuple(stages)))
-    write_bundle(Bundle(bundle.name, tuple(kernels), blobs), out)
+        kernels.append(dataclasses.replace(record, stages=tuple(stages), parameters=()))
+    write_bundle(Bundle(bundle.name, tuple(kernels), blobs, parameter_data=parameters), out)
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from portkern.examples.reference import EXAMPLES
 from portkern.portable.bundle import read_bundle
 from portkern.portable.builder import build_file
 from portkern.portable.producer import installed_compiler
-from portkern.portable.source import MLIR_TEXT, ONNX_PROTOBUF, CompatibilityWarning
+from portkern.portable.source import MLIR_TEXT, ONNX_PROTOBUF, PARAMETER_LOCATION, CompatibilityWarning
 
 OTHER = "3.12.0"
 
@@ -31,16 +32,35 @@ def foreign(examples_bundle, tmp_path_factory) -> Path:
 
 def test_the_builder_keeps_a_source_stage_per_kernel(examples_bundle):
     bundle = read_bundle(examples_bundle)
-    assert bundle.version == (1, 1)
+    assert bundle.version == (1, 2)
     for record in bundle.kernels:
         source = record.source_stage()
         assert source is not None and source.phase == "start" and record.stage("any").phase == "flow"
         if record.kind == "onnx":
             assert source.format == ONNX_PROTOBUF and source.model == {"opset": 17, "ir_version": 8}
-            assert bundle.blob(source.blob) == (MANIFEST.parent / "mlp.onnx").read_bytes()
+            assert_weights_stored_once(bundle, record, bundle.blob(source.blob))
         else:
             assert source.format == MLIR_TEXT
             assert zlib.decompress(bundle.blob(source.blob)) == (MANIFEST.parent / f"{record.name}.mlir").read_bytes()
+
+
+def assert_weights_stored_once(bundle, record, data: bytes) -> None:
+    """An ONNX source stage holds the model as written except the initializers that are parameters:
+    those have no bytes, are marked as the bundle's parameters and are named as in its section."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model, original = onnx.load_model_from_string(data), onnx.load(MANIFEST.parent / "mlp.onnx")
+    marked = {t.name for t in model.graph.initializer if uses_external_data(t)}
+    assert marked and marked == {p.name for p in record.parameters}
+    for tensor, written in zip(model.graph.initializer, original.graph.initializer, strict=True):
+        if tensor.name in marked:
+            assert not tensor.raw_data and [(e.key, e.value) for e in tensor.external_data] == [("location", PARAMETER_LOCATION)]
+            assert tuple(tensor.dims) == tuple(written.dims) and tensor.data_type == written.data_type
+        else:
+            assert tensor == written
+    assert model.graph.node == original.graph.node
+    assert len(data) < 2048 < sum(p.size for p in record.parameters) == (64 * 128 + 128 * 16) * 4
 
 
 @pytest.mark.parametrize("name", ["gemm_bias_relu", "gemm_glu", "mlp"])
@@ -67,18 +87,22 @@ def test_format_versions_older_readers_refuse_and_headers_must_hold_the_stages(e
     from portkern.portable import framing
 
     data = examples_bundle.read_bytes()
-    with pytest.raises(UnsupportedVersionError, match=r"1\.1 is not supported \(this portkern reads 1\.0 to 1\.0\)"):
-        framing.unpack(bundle_format._format(0), data)  # a 1.0 reader
+    for minor in (0, 1):  # readers of 1.0 and of 1.1 (parameter sections)
+        with pytest.raises(UnsupportedVersionError, match=rf"1\.2 is not supported \(this portkern reads 1\.0 to 1\.{minor}\)"):
+            framing.unpack_prefix(bundle_format._format(minor), data)
     built = read_bundle(examples_bundle)
-    understated = framing.pack(bundle_format._format(0), {"meta": {**built.meta(), "version": [1, 0]}, "blobs": dict(built.blobs)})
-    with pytest.raises(MalformedBundleError, match="source stages need format 1.1"):
+    kernels = tuple(k for k in built.kernels if not k.parameters)
+    blobs = {s.blob: built.blob(s.blob) for k in kernels for s in k.stages}
+    plain = replace(built, kernels=kernels, blobs=blobs, parameters=None)
+    understated = framing.pack(bundle_format._format(1), {"meta": {**plain.meta(), "version": [1, 1]}, "blobs": blobs})
+    with pytest.raises(MalformedBundleError, match="source stages need format 1.2; the header says 1.1"):
         bundle_format.decode(understated)
 
 
 def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
     built = tmp_path / "plain.pkb"
     build_file(MANIFEST, built, source=False)
-    assert read_bundle(built).version == (1, 0)  # the oldest version that holds it
+    assert read_bundle(built).version == (1, 1)  # the oldest version that holds it (mlp has parameters)
     assert all(record.source_stage() is None for record in read_bundle(built).kernels)
     with pytest.raises(IncompatibleProducerError, match=f"built with IREE {OTHER}, but IREE {installed_compiler().version}"):
         portkern.load(reseal(built, tmp_path / "plain-foreign.pkb", OTHER))
@@ -109,7 +133,7 @@ def test_cli_build_no_source_and_inspect_show_the_stages(tmp_path, capsys):
     with_source = json.loads(capsys.readouterr().out)
     assert main(["build", str(MANIFEST), "-o", str(tmp_path / "b.pkb"), "--no-source", "--json"]) == 0
     without = json.loads(capsys.readouterr().out)
-    assert with_source["format_version"] == "1.1"
+    assert with_source["format_version"] == "1.2"
     phases = {k["name"]: [s["phase"] for s in k["stages"]] for k in with_source["kernels"]}
     assert phases["gemm_glu"] == ["flow", "start"] and phases["mlp"] == ["flow", "start"]
     assert all([s["phase"] for s in k["stages"]] == ["flow"] for k in without["kernels"])
