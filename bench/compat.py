@@ -2,17 +2,18 @@
 
     python bench/compat.py [--venv DIR] [--release 3.12.0] [--repeat N] [--json]
 
-Builds the example bundle (four MLIR kernels and an ONNX model) with IREE
-`--release` installed in a side venv (created in `--venv` when missing:
-`iree-base-compiler`/`iree-base-runtime` of that release and portkern's
-other dependencies, then this portkern with `pip install --no-deps`), and
-the same manifest with the pinned IREE in this process. Per kernel it
-loads each bundle into a fresh cache, finalises the kernel for this CPU
-(the worker pool already started), compares the results with the NumPy
-references, and prints the stage used and the finalise times side by side
-(best of `--repeat`). It also prints bundle sizes with and without the
-source stage. Exits 1 when a kernel is wrong or not compiled from its
-source stage.
+Builds the example bundle (its MLIR kernels and ONNX model, whose weights are
+parameters) with IREE `--release` installed in a side venv (made in `--venv`
+from PyPI when missing: `iree-base-compiler`/`iree-base-runtime` of that
+release and portkern's other dependencies from pyproject.toml, then this
+portkern with `pip install --no-deps`; it prints how long that took), and the
+same manifest with the pinned IREE in this process. Per kernel it loads each
+bundle into a fresh cache, finalises the kernel for this CPU (the worker pool
+already started), compares the results with the NumPy references, and prints
+the stage used and the finalise times side by side (best of `--repeat`). It
+also prints bundle sizes with and without source stages (the example bundle,
+its MLIR kernels alone, its ONNX model alone beside its parameters' bytes).
+Exits 1 when a kernel is wrong or not compiled from its source stage.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 import warnings
 from pathlib import Path
 
@@ -36,24 +38,53 @@ from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import read_bundle
+from portkern.portable.manifest import load_manifest
 from portkern.portable.producer import installed_compiler
 
 REPO = Path(__file__).resolve().parent.parent
-DEPENDENCIES = ["onnx", "msgpack", "diskcache", "pyyaml", "numpy", "jsonschema", "rich", "platformdirs", "filelock"]
+
+
+def dependencies() -> list[str]:
+    """portkern's dependencies and its ONNX extra (pyproject.toml), IREE's packages left out."""
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [d for d in (*project["dependencies"], *project["optional-dependencies"]["onnx"]) if not d.startswith("iree-")]
 
 
 def side_venv(where: Path, release: str) -> Path:
-    """The side venv's python with IREE `release` and this portkern (made when missing)."""
+    """The side venv's python with IREE `release` and this portkern (`pip install --no-deps`),
+    made (from PyPI) when missing."""
     python = where / "bin" / "python"
-    marker = where / f"portkern-{release}.ok"
-    if not marker.exists():
-        print(f"making {where} (IREE {release}; about a minute) ...", file=sys.stderr)
+    started = time.perf_counter()
+    if not python.exists():
+        print(f"making {where} with IREE {release} from PyPI ...", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(where)], check=True)
-        pip = [str(python), "-m", "pip", "install", "-q"]
-        subprocess.run([*pip, f"iree-base-compiler=={release}", f"iree-base-runtime=={release}", *DEPENDENCIES], check=True)
-        marker.touch()
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "--force-reinstall", str(REPO)], check=True)
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, f"iree-base-compiler=={release}", f"iree-base-runtime=={release}", *dependencies()], check=True)
+    subprocess.run([*pip, "--no-deps", "--force-reinstall", str(REPO)], check=True)
+    print(f"side venv {where} ready in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return python
+
+
+def sizes(tmp: Path, built: Path) -> dict[str, dict[str, int]]:
+    """Bundle bytes with and without source stages: the example bundle, its MLIR kernels alone and
+    its ONNX model alone (and the ONNX model's parameters: its weights, stored once)."""
+    found = {}
+    records = read_bundle(built).kernels
+    groups = {"examples": records, "mlir kernels": [r for r in records if r.kind == "mlir"], "onnx model": [r for r in records if r.kind == "onnx"]}
+    for label, group in groups.items():
+        manifest = tmp / f"{label.replace(' ', '-')}.yaml"
+        kernels = [k for k in load_manifest(MANIFEST).kernels if k.name in {r.name for r in group}]
+        manifest.write_text("bundle: sizes\nkernels:\n" + "".join(f"  - name: {k.name}\n    source: {k.source}\n" for k in kernels))
+        build_file(manifest, tmp / "with.pkb")
+        build_file(manifest, tmp / "without.pkb", source=False)
+        with_source = read_bundle(tmp / "with.pkb")
+        found[label] = {
+            "with_source": (tmp / "with.pkb").stat().st_size,
+            "without_source": (tmp / "without.pkb").stat().st_size,
+            "source_stages": sum(s.size for r in with_source.kernels for s in r.stages if s.is_source),
+            "parameters": sum(p.size for r in with_source.kernels for p in r.parameters),
+        }
+    return found
 
 
 def finalise(path: Path, name: str, cache: Path) -> tuple[float, object]:
@@ -108,14 +139,8 @@ def main() -> int:
             rows.append(row)
             if not correct or not other.stage.startswith("source"):
                 problems.append(f"{name}: correct={correct}, stage {other.stage}")
-        sizes = {p.name: p.stat().st_size for p in (same, tmp / "same-nosource.pkb")}
-        kernels_only = tmp / "kernels.yaml"
-        mlir = [k.name for k in read_bundle(same).kernels if k.kind == "mlir"]
-        kernels_only.write_text("bundle: kernels\nkernels:\n" + "".join(f"  - name: {k}\n    source: {MANIFEST.parent / (k + '.mlir')}\n" for k in mlir))
-        build_file(kernels_only, tmp / "k.pkb")
-        build_file(kernels_only, tmp / "k-nosource.pkb", source=False)
-        sizes.update({p.name: p.stat().st_size for p in (tmp / "k.pkb", tmp / "k-nosource.pkb")})
-    result = {"built_with": built_with, "runs_with": installed_compiler().version, "kernels": rows, "sizes": sizes, "problems": problems}
+        size = sizes(tmp, same)
+    result = {"built_with": built_with, "runs_with": installed_compiler().version, "kernels": rows, "sizes": size, "problems": problems}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -123,10 +148,9 @@ def main() -> int:
         print(f"{'kernel':<20} {'correct':<8} {'stage':<34} {'same-release s':>14} {'other-release s':>15} {'ratio':>6}")
         for r in rows:
             print(f"{r['kernel']:<20} {str(r['correct']):<8} {r['stage']:<34} {r['finalise_same_s']:>14.3f} {r['finalise_other_s']:>15.3f} {r['ratio']:>6.2f}")
-        print(f"example bundle: {sizes['same.pkb']} B with source, {sizes['same-nosource.pkb']} B without "
-              f"({sizes['same.pkb'] / sizes['same-nosource.pkb']:.2f}x)")
-        print(f"MLIR kernel bundle: {sizes['k.pkb']} B with source, {sizes['k-nosource.pkb']} B without "
-              f"({sizes['k.pkb'] / sizes['k-nosource.pkb']:.2f}x)")
+        for label, n in size.items():
+            print(f"{label}: {n['with_source']:,} B with source stages, {n['without_source']:,} B without "
+                  f"({n['with_source'] / n['without_source']:.2f}x); source stages {n['source_stages']:,} B, parameters {n['parameters']:,} B")
         for p in problems:
             print(f"PROBLEM: {p}")
     return 1 if problems else 0
