@@ -145,9 +145,9 @@ def main() -> int:
         print(json.dumps(result, indent=2))
     else:
         print(f"bundle built with IREE {built_with}, run with IREE {installed_compiler().version} (best of {args.repeat})")
-        print(f"{'kernel':<20} {'correct':<8} {'stage':<34} {'same-release s':>14} {'other-release s':>15} {'ratio':>6}")
+        print(f"{'kernel':<20} {'correct':<8} {'stage':<44} {'same-release s':>14} {'other-release s':>15} {'ratio':>6}")
         for r in rows:
-            print(f"{r['kernel']:<20} {str(r['correct']):<8} {r['stage']:<34} {r['finalise_same_s']:>14.3f} {r['finalise_other_s']:>15.3f} {r['ratio']:>6.2f}")
+            print(f"{r['kernel']:<20} {str(r['correct']):<8} {r['stage']:<44} {r['finalise_same_s']:>14.3f} {r['finalise_other_s']:>15.3f} {r['ratio']:>6.2f}")
         for label, n in size.items():
             print(f"{label}: {n['with_source']:,} B with source stages, {n['without_source']:,} B without "
                   f"({n['with_source'] / n['without_source']:.2f}x); source stages {n['source_stages']:,} B, parameters {n['parameters']:,} B")

@@ -28,7 +28,7 @@ from portkern.jit.target import Target
 from portkern.jit.toolchain import OPENCL, toolchain_for
 from portkern.jit.workers import Job, Pool, Result, Source, shared_pool
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
-from portkern.portable.source import describe
+from portkern.portable.source import describe, fitted_phase
 
 DEFAULT_CONFIG = "default"
 #: Called as each kernel of a batch is done: (kernels done, kernels in the batch, the plan).
@@ -264,7 +264,7 @@ class NativeCode:
 
     def source(self, plan: Plan) -> Source:
         """The plan's stage as the workers read it."""
-        return Source(plan.stage.blob, self.bundle.blob(plan.stage.blob), plan.stage.phase, plan.stage.to_dict())
+        return Source(plan.stage.blob, self.bundle.blob(plan.stage.blob), fitted_phase(plan.stage), plan.stage.to_dict())
 
     def opencl_job(self, index: int, plan: Plan) -> Job:
         """The worker job that builds an OpenCL kernel's program for the plan's config

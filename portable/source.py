@@ -30,8 +30,9 @@ from pathlib import Path
 
 from portkern.errors import BuildError, IncompatibleProducerError
 from portkern.portable.bundle import SOURCE_PHASE, Bundle, KernelRecord, Stage, sha256
-from portkern.portable.lower import Lowered, import_onnx
+from portkern.portable.lower import PORTABLE_PHASE, Lowered, import_onnx
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_model import failing_operator
 from portkern.portable.onnx_parameters import load_graph, opset_of, sanitized
 from portkern.portable.parameters import referenced
 from portkern.portable.producer import installed_compiler, same_release
@@ -114,6 +115,12 @@ def foreign_release(bundle: Bundle) -> str:
     return ""
 
 
+def fitted_phase(stage: Stage) -> str:
+    """The phase a stage's module is at once a worker has parsed and fitted it: a source stage
+    is lowered to the flow phase on the way (`portkern.jit.finalize.imported`)."""
+    return PORTABLE_PHASE if stage.is_source else stage.phase
+
+
 def describe(stage: Stage) -> str:
     """What a stage is, for people: `any/flow`, `amdgpu/executable-sources`, `source (built with IREE 3.12.0)`."""
     if stage.is_source:
@@ -173,6 +180,13 @@ def inflate(stage: Stage, data: bytes, name: str) -> bytes:
     if inflater.unconsumed_tail or not inflater.eof:
         raise unreadable(stage, name, f"the text is truncated or inflates beyond {MAX_SOURCE_TEXT_BYTES} bytes")
     return text
+
+
+def uncompilable(stage: Stage, name: str, text: bytes, message: str) -> IncompatibleProducerError:
+    """`unreadable` for a compiler diagnostic on a source stage's text (naming the ONNX operator
+    it points at, for a model)."""
+    operator = failing_operator(text, message) if stage.format == ONNX_PROTOBUF else None
+    return unreadable(stage, name, f"IREE cannot compile ONNX operator {operator}: {message}" if operator else message)
 
 
 def unreadable(stage: Stage, name: str, why: str) -> IncompatibleProducerError:

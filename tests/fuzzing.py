@@ -9,7 +9,7 @@ From a valid seed bundle it makes re-sealed mutations of four kinds:
 - "blob": an MLIR bytecode, SPIR-V or SPIR blob, or a source stage (zlib MLIR text, as
   compressed bytes or as text; ONNX protobuf), mutated, its name (sha256), size and every reference to it recomputed, then re-sealed.
 
-Re-sealing keeps the seed's format version. A seed of another IREE release (`build_seed(...,
+Re-sealing keeps the seed's format version and its parameter section (placed after the new payload). A seed of another IREE release (`build_seed(...,
 foreign=...)`, the producer records re-sealed) has its kernels compiled from their source stages,
 so mutated source stages reach the device's importer and compiler (in workers).
 
@@ -41,6 +41,7 @@ from portkern.portable import framing
 from portkern.cache.store import Store
 from portkern.errors import PortkernError
 from portkern.portable.bundle import MAGIC
+from portkern.portable.parameters import section_offset
 from portkern.portable.source import FORMATS as SOURCE_FORMATS
 from portkern.portable.source import MLIR_TEXT
 
@@ -175,9 +176,26 @@ def slow_module(ops: int = 1500) -> str:
 # --- making cases -------------------------------------------------------------------
 
 
-def _seal(payload: bytes, version: tuple[int, int]) -> bytes:
+def _seal(payload: bytes, version: tuple[int, int], section: bytes = b"") -> bytes:
+    """Header and payload, and after them (from the next page boundary) a parameter section's bytes."""
     header = framing.HEADER.pack(MAGIC, *version, len(payload), hashlib.sha256(payload).digest())
-    return header + payload
+    end = framing.HEADER_SIZE + len(payload)
+    return header + payload + (bytes(section_offset(end) - end) + section if section else b"")
+
+
+def _seal_document(document: dict, version: tuple[int, int], section: bytes) -> bytes:
+    """`_seal` of a document whose parameter section (if it has one) is placed where the payload
+    now ends: its offset rewritten until the payload's length settles."""
+    parameters = document["meta"].get("parameters")
+    payload = _pack(document)
+    if isinstance(parameters, dict) and section:
+        for _ in range(4):
+            offset = section_offset(framing.HEADER_SIZE + len(payload))
+            if parameters.get("offset") == offset:
+                break
+            parameters["offset"] = offset
+            payload = _pack(document)
+    return _seal(payload, version, section)
 
 
 def _mutate_bytes(rng: random.Random, data: bytes) -> tuple[bytes, str]:
@@ -235,8 +253,11 @@ def cases(
 ) -> Iterator[Case]:
     """`count` mutations of the seed bundle's bytes, the `kinds` in turn ("blob": of stages of `formats`)."""
     rng = random.Random(rng_seed)
-    version = framing.HEADER.unpack(seed[: framing.HEADER_SIZE])[1:3]
-    document = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
+    _, *version, length, _ = framing.HEADER.unpack(seed[: framing.HEADER_SIZE])
+    version = tuple(version)
+    payload = seed[framing.HEADER_SIZE : framing.HEADER_SIZE + length]
+    section = seed[section_offset(framing.HEADER_SIZE + length) :]  # a parameter section's bytes, if any
+    document = msgpack.unpackb(payload, raw=False)
     meta_paths = list(_paths(document["meta"]))[1:]
     stages = [
         (k, s)
@@ -249,24 +270,24 @@ def cases(
         if kind == "raw":
             data, what = _mutate_bytes(rng, seed)
         elif kind == "payload":
-            payload, what = _mutate_bytes(rng, seed[framing.HEADER_SIZE :])
-            data = _seal(payload, version)
+            mutated, what = _mutate_bytes(rng, payload)
+            data = _seal(mutated, version, section)
         elif kind == "metadata":
-            doc = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
+            doc = msgpack.unpackb(payload, raw=False)
             path = rng.choice(meta_paths)
             if rng.random() < 0.15 and isinstance(_get(doc["meta"], path[:-1]), dict):
                 path = (*path[:-1], rng.choice(("extra", "../x", "a" * 300)))
             value = _hostile(rng)
             _set(doc["meta"], path, value)
-            data = _seal(_pack(doc), version)
+            data = _seal_document(doc, version, section)
             what = f"{'/'.join(map(str, path))}={_short(value)}"
         else:
-            doc = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
+            doc = msgpack.unpackb(payload, raw=False)
             k, s = rng.choice(stages)
             stage = doc["meta"]["kernels"][k]["stages"][s]
             blob, what = _mutate_blob(rng, doc["blobs"][stage["blob"]], stage["format"])
             _replace_blob(doc, stage["blob"], blob)
-            data = _seal(_pack(doc), version)
+            data = _seal_document(doc, version, section)
             what = f"{stage['format']} of kernel {k}: {what}"
         yield Case(index, kind, what, data)
 

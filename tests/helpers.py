@@ -45,15 +45,14 @@ def build_mlir(where: Path, name: str = "k", **sources: str) -> Path:
     return where / f"{name}.pkb"
 
 
-def reseal(path: Path, out: Path, version: str, source: bytes | None = None) -> Path:
+def reseal(path: Path, out: Path, version: str, sources: dict[str, bytes] | None = None) -> Path:
     """`path` with every stage's producer set to IREE `version` (a bundle of another release,
-    as far as the loader can tell), and the MLIR kernels' source stage replaced by `source` bytes
-    when given, sealed again as a valid bundle (with the same parameters)."""
+    as far as the loader can tell), and the named kernels' source stage bytes replaced by
+    `sources[name]`, sealed again as a valid bundle (with the same parameters)."""
     import dataclasses
 
     from portkern.portable.bundle import Bundle, read_bundle, sha256, write_bundle
     from portkern.portable.parameters import ParameterData, file_pieces
-    from portkern.portable.source import MLIR_TEXT
 
     bundle = read_bundle(path)
     blobs = dict(bundle.blobs)
@@ -67,10 +66,11 @@ def reseal(path: Path, out: Path, version: str, source: bytes | None = None) -> 
         stages = []
         for stage in record.stages:
             stage = dataclasses.replace(stage, producer=dataclasses.replace(stage.producer, version=version))
-            if source is not None and stage.is_source and stage.format == MLIR_TEXT:
+            if stage.is_source and record.name in (sources or {}):
+                data = sources[record.name]
                 blobs.pop(stage.blob, None)
-                stage = dataclasses.replace(stage, blob=sha256(source), size=len(source))
-                blobs[stage.blob] = source
+                stage = dataclasses.replace(stage, blob=sha256(data), size=len(data))
+                blobs[stage.blob] = data
             stages.append(stage)
         kernels.append(dataclasses.replace(record, stages=tuple(stages), parameters=()))
     write_bundle(Bundle(bundle.name, tuple(kernels), blobs, parameter_data=parameters), out)

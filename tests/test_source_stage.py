@@ -117,15 +117,66 @@ def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
     ],
     ids=["unparseable", "not-zlib", "truncated"],
 )
-def test_an_unreadable_source_stage_names_both_releases(examples_bundle, tmp_path, store, blob, why):
-    bad = reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, source=blob)
+def test_an_unreadable_source_stage_names_both_releases(examples_bundle, tmp_path, store, rng, blob, why):
+    bad = reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, {"gemm_bias_relu": blob})
     with pytest.warns(CompatibilityWarning):
         bundle = portkern.load(bad, store=store)
     with pytest.raises(IncompatibleProducerError) as caught:
         bundle.kernel("gemm_bias_relu")
     message = str(caught.value)
     assert OTHER in message and installed_compiler().version in message and why in message
-    assert bundle.kernel("mlp").stage.startswith("source")  # the other kernels still run
+    kernel = bundle.kernel("gemm_glu")  # the other kernels still run
+    inputs = EXAMPLES["gemm_glu"].inputs(rng)
+    assert kernel.stage.startswith("source")
+    assert_matches(kernel(*inputs), EXAMPLES["gemm_glu"].reference(*inputs), EXAMPLES["gemm_glu"].rtol, EXAMPLES["gemm_glu"].atol)
+
+
+def _model_source(examples_bundle, change) -> bytes:
+    """The mlp's source stage model after `change(model)`."""
+    import onnx
+
+    bundle = read_bundle(examples_bundle)
+    model = onnx.load_model_from_string(bundle.blob(bundle.kernel("mlp").source_stage().blob))
+    change(model)
+    return model.SerializeToString()
+
+
+def _external(location: str, which: int):
+    def change(model):
+        tensor = model.graph.initializer[which]
+        for field in ("raw_data", "float_data"):
+            tensor.ClearField(field)
+        del tensor.external_data[:]
+        tensor.data_location = 1  # EXTERNAL
+        entry = tensor.external_data.add()
+        entry.key, entry.value = "location", location
+    return change
+
+
+def _unknown_operator(model):
+    model.graph.node[0].op_type = "NoSuchOperator"
+
+
+@pytest.mark.parametrize(
+    "change, why",
+    [
+        (None, "not an ONNX model"),
+        (_external("../../../etc/passwd", 0), "refers to external data '../../../etc/passwd', not to the bundle's parameters"),
+        (_external(PARAMETER_LOCATION, -1), "ONNX import failed"),  # one the importer keeps in the code: no bytes there
+        (_unknown_operator, "IREE cannot compile ONNX operator"),
+    ],
+    ids=["not-onnx", "escaping-external-data", "marked-but-inline", "unknown-operator"],
+)
+def test_an_unreadable_onnx_source_stage_names_both_releases(examples_bundle, tmp_path, store, change, why):
+    blob = b"\x08\x08garbage" if change is None else _model_source(examples_bundle, change)
+    bad = reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, {"mlp": blob})
+    with pytest.warns(CompatibilityWarning):
+        bundle = portkern.load(bad, store=store)
+    with pytest.raises(IncompatibleProducerError) as caught:
+        bundle.kernel("mlp")
+    message = str(caught.value)
+    assert f"built with IREE {OTHER}" in message and f"installed IREE {installed_compiler().version}" in message and why in message
+    assert not [e for e in store.entries() if e.kernel == "mlp"]  # nothing cached for it
 
 
 def test_cli_build_no_source_and_inspect_show_the_stages(tmp_path, capsys):
