@@ -79,7 +79,7 @@ def test_wrong_magic(good):
 def test_unknown_major_version(good):
     data = bytearray(good[0])
     struct.pack_into(">H", data, 8, 2)
-    with pytest.raises(UnsupportedVersionError, match=rf"format version 2\.{fmt.FORMAT_MINOR} is not supported"):
+    with pytest.raises(UnsupportedVersionError, match=r"format version 2\.0 is not supported"):
         decode(bytes(data))
 
 

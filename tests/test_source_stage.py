@@ -9,6 +9,7 @@ import zlib
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import assert_matches, reseal
 
@@ -191,3 +192,26 @@ def test_cli_build_no_source_and_inspect_show_the_stages(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "a.pkb")]) == 0
     shown = capsys.readouterr().out
     assert "source (mlir-text-zlib)" in shown and "source (onnx-protobuf, opset 17, IR v8)" in shown
+
+
+@pytest.mark.parametrize("external", [False, True], ids=["weights-in-model", "external-data"])
+def test_a_model_with_parameters_keeps_its_weights_once_and_runs_from_source(tmp_path, store, external):
+    from portkern.examples.large_mlp import reference, weight_bytes, write_mlp
+
+    widths, batch = (64, 512, 256, 256), 8
+    write_mlp(tmp_path / "m.onnx", widths, batch, 5, external)
+    (tmp_path / "manifest.yaml").write_text("bundle: mlp\nkernels:\n  - name: mlp\n    source: m.onnx\n")
+    build_file(tmp_path / "manifest.yaml", tmp_path / "with.pkb")
+    build_file(tmp_path / "manifest.yaml", tmp_path / "without.pkb", source=False)
+    record = read_bundle(tmp_path / "with.pkb").kernel("mlp")
+    assert sum(p.size for p in record.parameters) == weight_bytes(widths)
+    # the source stage, and what it adds to the bundle, are far smaller than the weights
+    assert record.source_stage().size < weight_bytes(widths) // 100
+    growth = (tmp_path / "with.pkb").stat().st_size - (tmp_path / "without.pkb").stat().st_size
+    assert 0 <= growth < weight_bytes(widths) // 100
+    foreign = reseal(tmp_path / "with.pkb", tmp_path / "foreign.pkb", OTHER)
+    with pytest.warns(CompatibilityWarning):
+        kernel = portkern.load(foreign, store=store).kernel("mlp")
+    assert kernel.stage == f"source (built with IREE {OTHER})"
+    x = np.random.default_rng(2).standard_normal((batch, widths[0]), dtype=np.float32)
+    np.testing.assert_allclose(kernel(x), reference(x, widths, 5), rtol=1e-4, atol=1e-4)
