@@ -109,6 +109,18 @@ def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
         portkern.load(reseal(built, tmp_path / "plain-foreign.pkb", OTHER))
 
 
+def refused(path: Path, store, name: str, why: str):
+    """The bundle at `path` (of release OTHER), loaded, after its kernel `name` was refused with an
+    IncompatibleProducerError naming both releases and saying `why`."""
+    with pytest.warns(CompatibilityWarning):
+        bundle = portkern.load(path, store=store)
+    with pytest.raises(IncompatibleProducerError) as caught:
+        bundle.kernel(name)
+    message = str(caught.value)
+    assert f"built with IREE {OTHER}" in message and f"installed IREE {installed_compiler().version}" in message and why in message
+    return bundle
+
+
 @pytest.mark.parametrize(
     "blob, why",
     [
@@ -119,13 +131,7 @@ def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
     ids=["unparseable", "not-zlib", "truncated"],
 )
 def test_an_unreadable_source_stage_names_both_releases(examples_bundle, tmp_path, store, rng, blob, why):
-    bad = reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, {"gemm_bias_relu": blob})
-    with pytest.warns(CompatibilityWarning):
-        bundle = portkern.load(bad, store=store)
-    with pytest.raises(IncompatibleProducerError) as caught:
-        bundle.kernel("gemm_bias_relu")
-    message = str(caught.value)
-    assert OTHER in message and installed_compiler().version in message and why in message
+    bundle = refused(reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, {"gemm_bias_relu": blob}), store, "gemm_bias_relu", why)
     kernel = bundle.kernel("gemm_glu")  # the other kernels still run
     inputs = EXAMPLES["gemm_glu"].inputs(rng)
     assert kernel.stage.startswith("source")
@@ -170,13 +176,7 @@ def _unknown_operator(model):
 )
 def test_an_unreadable_onnx_source_stage_names_both_releases(examples_bundle, tmp_path, store, change, why):
     blob = b"\x08\x08garbage" if change is None else _model_source(examples_bundle, change)
-    bad = reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, {"mlp": blob})
-    with pytest.warns(CompatibilityWarning):
-        bundle = portkern.load(bad, store=store)
-    with pytest.raises(IncompatibleProducerError) as caught:
-        bundle.kernel("mlp")
-    message = str(caught.value)
-    assert f"built with IREE {OTHER}" in message and f"installed IREE {installed_compiler().version}" in message and why in message
+    refused(reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, {"mlp": blob}), store, "mlp", why)
     assert not [e for e in store.entries() if e.kernel == "mlp"]  # nothing cached for it
 
 
