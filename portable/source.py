@@ -30,10 +30,10 @@ from pathlib import Path
 
 from portkern.errors import BuildError, IncompatibleProducerError
 from portkern.portable.bundle import SOURCE_PHASE, Bundle, KernelRecord, Stage, sha256
-from portkern.portable.lower import PORTABLE_PHASE, Lowered, import_onnx
+from portkern.portable.lower import ONNX_OPSET, PORTABLE_PHASE, Lowered, import_onnx
 from portkern.portable.manifest import KernelSpec
 from portkern.portable.onnx_model import failing_operator
-from portkern.portable.onnx_parameters import load_graph, opset_of, sanitized
+from portkern.portable.onnx_parameters import has_external_data, load_graph, opset_of, sanitized
 from portkern.portable.parameters import referenced
 from portkern.portable.producer import installed_compiler, same_release
 
@@ -57,7 +57,7 @@ def source_stage(spec: KernelSpec, lowered: Lowered) -> tuple[Stage, bytes]:
     """A kernel's source stage (recorded as written by the release that built the bundle) and its bytes."""
     producer = replace(lowered.producer, bytecode_version=None)
     if spec.kind == "onnx":
-        model = load_graph(spec.source)
+        model = upgraded(load_graph(spec.source))
         info = {"opset": opset_of(model), "ir_version": int(model.ir_version)}
         if not info["opset"]:
             raise BuildError(f"{spec.source}: the ONNX model imports no default-domain opset")
@@ -66,6 +66,20 @@ def source_stage(spec: KernelSpec, lowered: Lowered) -> tuple[Stage, bytes]:
     # a PyTorch program's source is what iree-turbine exported from it, its weights parameters
     packed = zlib.compress(lowered.source if spec.kind == "torch" else spec.source.read_bytes(), 9)
     return Stage(SOURCE_PHASE, "any", MLIR_TEXT, sha256(packed), len(packed), producer), packed
+
+
+def upgraded(model):
+    """A model of an opset older than `ONNX_OPSET`, its weights in it, converted to that opset as the
+    build's import did (so that the device, which imports a source model as it is, sees the same
+    operators); the model as it is when it has external data or the conversion fails."""
+    if opset_of(model) >= ONNX_OPSET or has_external_data(model):
+        return model
+    from onnx import version_converter
+
+    try:
+        return version_converter.convert_version(model, ONNX_OPSET)
+    except Exception:  # noqa: BLE001 - the converter raises several types; the importer falls back the same way
+        return model
 
 
 def onnx_source(model, path: Path, parameters: set[str]) -> bytes:

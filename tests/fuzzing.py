@@ -34,7 +34,7 @@ from typing import Any, Iterator
 
 import msgpack
 import numpy as np
-from helpers import reseal
+from helpers import dense_onnx, reseal
 
 import portkern
 from portkern.portable import framing
@@ -106,33 +106,13 @@ def build_seed(where: Path, opencl: bool, onnx: bool = False, foreign: str = "")
     (where / "tiny.mlir").write_text(SEED_MLIR)
     (where / "scale_add.cl").write_text(SEED_OPENCL)
     if onnx:
-        (where / "dense.onnx").write_bytes(seed_onnx())
+        (where / "dense.onnx").write_bytes(dense_onnx())
     entries = (OPENCL_ENTRY if opencl else "") + (ONNX_ENTRY if onnx else "")
     (where / "manifest.yaml").write_text(SEED_MANIFEST.format(opencl=entries))
     build_file(where / "manifest.yaml", where / "seed.pkb")
     if foreign:
         return reseal(where / "seed.pkb", where / "foreign-seed.pkb", foreign)
     return where / "seed.pkb"
-
-
-def seed_onnx() -> bytes:
-    """A tiny ONNX model, relu(x @ W + b) with x 4x16, W 16x16, b 16 (seeded values)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(7)
-    weight = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W")
-    bias = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
-        "dense",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
-        [weight, bias],
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    return model.SerializeToString()
 
 
 @dataclass(frozen=True)

@@ -77,6 +77,26 @@ def reseal(path: Path, out: Path, version: str, sources: dict[str, bytes] | None
     return out
 
 
+def dense_onnx(opset: int = 17) -> bytes:
+    """A tiny ONNX model of `opset`, relu(x @ W + b) with x 4x16, W 16x16 (a parameter once built), b 16;
+    seeded values."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    weight = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [weight, bias],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
 def attention_mlir(batch: int, length: int, dim: int) -> str:
     """An MLIR kernel `@attention(q, k, v)` of IREE's attention op (scale 0.125), all BxLxD f32."""
     t = f"tensor<{batch}x{length}x{dim}xf32>"

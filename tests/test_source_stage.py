@@ -215,3 +215,26 @@ def test_a_model_with_parameters_keeps_its_weights_once_and_runs_from_source(tmp
     assert kernel.stage == f"source (built with IREE {OTHER})"
     x = np.random.default_rng(2).standard_normal((batch, widths[0]), dtype=np.float32)
     np.testing.assert_allclose(kernel(x), reference(x, widths, 5), rtol=1e-4, atol=1e-4)
+
+
+def test_an_older_opset_model_is_kept_as_the_build_imported_it_and_runs_from_source(tmp_path, store):
+    import onnx
+    from helpers import dense_onnx
+    from onnx import numpy_helper
+
+    (tmp_path / "dense.onnx").write_bytes(dense_onnx(opset=13))
+    (tmp_path / "manifest.yaml").write_text("bundle: dense\nkernels:\n  - name: dense\n    source: dense.onnx\n")
+    build_file(tmp_path / "manifest.yaml", tmp_path / "dense.pkb")
+    bundle = read_bundle(tmp_path / "dense.pkb")
+    record = bundle.kernel("dense")
+    source = record.source_stage()
+    assert source.model == {"opset": 17, "ir_version": 8}  # upgraded as the build's import did
+    assert [p.name for p in record.parameters] == ["W"]
+    assert onnx.load_model_from_string(bundle.blob(source.blob)).opset_import[0].version == 17
+    with pytest.warns(CompatibilityWarning):
+        kernel = portkern.load(reseal(tmp_path / "dense.pkb", tmp_path / "foreign.pkb", OTHER), store=store).kernel("dense")
+    assert kernel.stage == f"source (built with IREE {OTHER})"
+    model = onnx.load_model_from_string(dense_onnx())
+    w, b = (numpy_helper.to_array(t) for t in model.graph.initializer)
+    x = np.random.default_rng(3).standard_normal((4, 16), dtype=np.float32)
+    np.testing.assert_allclose(kernel(x), np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
