@@ -238,3 +238,20 @@ def test_an_older_opset_model_is_kept_as_the_build_imported_it_and_runs_from_sou
     w, b = (numpy_helper.to_array(t) for t in model.graph.initializer)
     x = np.random.default_rng(3).standard_normal((4, 16), dtype=np.float32)
     np.testing.assert_allclose(kernel(x), np.maximum(x @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+
+def test_cli_run_and_cache_ls_say_the_code_came_from_the_source_stage(foreign, tmp_path, capsys, rng):
+    example = EXAMPLES["gemm_transpose_add"]
+    inputs = example.inputs(rng)
+    paths = [tmp_path / f"in{i}.npy" for i in range(len(inputs))]
+    for path, array in zip(paths, inputs):
+        np.save(path, array)
+    cache = ["--cache-dir", str(tmp_path / "cache")]
+    status = main(["run", str(foreign), "gemm_transpose_add", "--inputs", *map(str, paths), "--out", str(tmp_path / "out.npz"), *cache, "--json"])
+    out, err = capsys.readouterr()
+    assert status == 0 and json.loads(out)["stage"] == f"source (built with IREE {OTHER})"
+    assert err.count(f"warning: {foreign}: built with IREE {OTHER}") == 1  # one line
+    with np.load(tmp_path / "out.npz") as saved:
+        np.testing.assert_allclose(saved["result0"], example.reference(*inputs)[0], rtol=example.rtol, atol=example.atol)
+    assert main(["cache", "ls", *cache]) == 0
+    assert f"source (built with IREE {OTHER})" in capsys.readouterr().out.replace("\n", " ")
