@@ -4,9 +4,9 @@ IREE's dialects are not versioned, so a bundle's bytecode stages are read only
 by the IREE release that wrote them. Beside them, each kernel compiled by IREE
 keeps (unless built with `--no-source`) a source stage of phase `start`:
 
-- MLIR kernels: the input-dialect text as written, zlib-compressed
-  (`mlir-text-zlib`; chosen over IREE's generic printer form, see
-  docs/bundle-format.md);
+- MLIR kernels: the input-dialect text as written (a bytecode source printed
+  as text), zlib-compressed (`mlir-text-zlib`; chosen over IREE's generic
+  printer form, see docs/bundle-format.md);
 - ONNX models: the ONNX protobuf (`onnx-protobuf`), with its opset and IR
   version recorded; the device imports it with its own IREE's importer. The
   initializers that the build made parameters keep no bytes here: each is
@@ -31,6 +31,7 @@ from pathlib import Path
 from portkern.errors import BuildError, IncompatibleProducerError
 from portkern.portable.bundle import SOURCE_PHASE, Bundle, KernelRecord, Stage, sha256
 from portkern.portable.lower import ONNX_OPSET, PORTABLE_PHASE, Lowered, import_onnx
+from portkern.portable.compiler import Compiler
 from portkern.portable.manifest import KernelSpec
 from portkern.portable.onnx_model import failing_operator
 from portkern.portable.onnx_parameters import has_external_data, load_graph, opset_of, sanitized
@@ -49,6 +50,7 @@ MAX_SOURCE_TEXT_BYTES = 256 << 20
 #: The external-data location of an ONNX source model's initializers whose bytes are the bundle's
 #: parameters (named as the importer names them). Not a file: nothing reads it.
 PARAMETER_LOCATION = "portkern:parameter-section"
+MLIR_BYTECODE_MAGIC = b"ML\xefR"
 #: The fields of an ONNX TensorProto that hold its values.
 TENSOR_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
 
@@ -64,8 +66,17 @@ def source_stage(spec: KernelSpec, lowered: Lowered) -> tuple[Stage, bytes]:
         data = onnx_source(model, spec.source, {name for _, name in referenced(lowered.source)})
         return Stage(SOURCE_PHASE, "any", ONNX_PROTOBUF, sha256(data), len(data), producer, model=info), data
     # a PyTorch program's source is what iree-turbine exported from it, its weights parameters
-    packed = zlib.compress(lowered.source if spec.kind == "torch" else spec.source.read_bytes(), 9)
+    packed = zlib.compress(lowered.source if spec.kind == "torch" else mlir_text(spec.source.read_bytes(), spec.name), 9)
     return Stage(SOURCE_PHASE, "any", MLIR_TEXT, sha256(packed), len(packed), producer), packed
+
+
+def mlir_text(data: bytes, name: str) -> bytes:
+    """MLIR source as text: text as written, bytecode (`.mlirbc`, which only its own release
+    reads) printed by this release's compiler."""
+    if not data.startswith(MLIR_BYTECODE_MAGIC):
+        return data
+    module = Compiler().parse(data, name=name)
+    return module.operation.get_asm(enable_debug_info=False).encode()
 
 
 def upgraded(model):

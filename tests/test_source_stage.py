@@ -255,3 +255,21 @@ def test_cli_run_and_cache_ls_say_the_code_came_from_the_source_stage(foreign, t
         np.testing.assert_allclose(saved["result0"], example.reference(*inputs)[0], rtol=example.rtol, atol=example.atol)
     assert main(["cache", "ls", *cache]) == 0
     assert f"source (built with IREE {OTHER})" in capsys.readouterr().out.replace("\n", " ")
+
+
+def test_a_bytecode_source_keeps_a_text_source_stage(tmp_path, store, rng):
+    from portkern.portable.compiler import Compiler, bytecode
+
+    example = EXAMPLES["gemm_glu"]
+    module = Compiler().parse((MANIFEST.parent / "gemm_glu.mlir").read_bytes())
+    (tmp_path / "gemm_glu.mlirbc").write_bytes(bytecode(module))
+    (tmp_path / "manifest.yaml").write_text("bundle: bc\nkernels:\n  - name: gemm_glu\n    source: gemm_glu.mlirbc\n")
+    build_file(tmp_path / "manifest.yaml", tmp_path / "bc.pkb")
+    bundle = read_bundle(tmp_path / "bc.pkb")
+    text = zlib.decompress(bundle.blob(bundle.kernel("gemm_glu").source_stage().blob))
+    assert b"func.func @gemm_glu" in text and not text.startswith(b"ML\xefR")
+    with pytest.warns(CompatibilityWarning):
+        kernel = portkern.load(reseal(tmp_path / "bc.pkb", tmp_path / "foreign.pkb", OTHER), store=store).kernel("gemm_glu")
+    inputs = example.inputs(rng)
+    assert kernel.stage.startswith("source")
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
