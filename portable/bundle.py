@@ -436,10 +436,10 @@ def decode(data: bytes, validated: Callable[[str], bool] | None = None, file_siz
     meta, blobs = framing.meta_and_blobs(document, "bundle", MalformedBundleError, validate=not skip)
     _check_names(meta)
     _check_blobs(meta, blobs)
-    if version[1] < SOURCE_MINOR and any(stage.get("phase") == SOURCE_PHASE for k in meta["kernels"] for stage in k["stages"]):
-        raise MalformedBundleError(f"source stages need format 1.{SOURCE_MINOR}; the header says {version[0]}.{version[1]}")
     kernels = tuple(KernelRecord.from_dict(k) for k in meta["kernels"])
     section = _check_parameters(meta, version, kernels, data, end, file_size)
+    if version[1] < SOURCE_MINOR and any(stage.is_source for k in kernels for stage in k.stages):
+        raise MalformedBundleError(f"source stages need format 1.{SOURCE_MINOR}; the header says {version[0]}.{version[1]}")
     return Bundle(meta["name"], kernels, blobs, digest, version, section)
 
 
