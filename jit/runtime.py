@@ -8,7 +8,11 @@ on the executor ran at least `EXECUTOR_GAIN` times faster than on the calling th
 executor workers against 1.0 ms inline). Otherwise, and always while calls overlap
 (and for `OVERLAP_WINDOW_S` after), calls run on the calling thread (`local-sync`):
 concurrent callers then each keep a core busy rather than queue on, or preempt, the
-executor.
+executor. Calls shorter than `GATED_CALL_S` inline are mostly Python work, and the runtime
+call releases the GIL twice per call (argument copy, invoke): side by side, threads passed
+the GIL to and fro with a wake-up each time, and two threads made half the calls of one.
+Such calls take turns at the process's gate (`jit/gate.py`): one thread at a time runs
+them back to back, the others sleep off the GIL until their turn.
 
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
@@ -27,6 +31,7 @@ from typing import Iterator
 import numpy as np
 
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
+from portkern.jit.gate import Gate
 
 #: The driver that runs a `local-task` call on the calling thread.
 INLINE = {"local-task": "local-sync"}
@@ -40,6 +45,8 @@ EXECUTOR_PROBES = 3
 EXECUTOR_GAIN = 1.25
 #: After two calls overlapped, every call runs inline for this long.
 OVERLAP_WINDOW_S = 0.1
+#: Inline calls shorter than this go through the process's gate, one thread at a time.
+GATED_CALL_S = SMALL_CALL_S
 #: Drivers started afresh in a forked child; others (GPU drivers) do not survive fork.
 FORK_SAFE = ("local-task", "local-sync")
 
@@ -51,6 +58,8 @@ class _Process:
         self.lock = threading.RLock()
         self.configs: dict[str, object] = {}
         self.traffic = _Traffic()
+        #: Small calls from several threads take turns here (see `Executable.__call__`).
+        self.gate = Gate()
         #: Drivers a parent process started before it forked this one.
         self.inherited: frozenset[str] = frozenset(parent.configs).union(parent.inherited) if parent else frozenset()
 
@@ -208,7 +217,17 @@ class Executable:
             traffic.leave()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        results = self._run(arrays)
+        if not (INLINE.get(self.driver) and self._inline_probes >= INLINE_PROBES and self._inline_s < GATED_CALL_S):
+            return self._to_host(self._run(arrays))
+        gate = _process.gate
+        gate.enter(self._inline_s)
+        try:
+            return self._to_host(self._run(arrays))
+        finally:
+            gate.leave()
+
+    @staticmethod
+    def _to_host(results) -> list[np.ndarray]:
         if results is None:
             return []
         if not isinstance(results, (tuple, list)):

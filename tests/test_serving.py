@@ -159,3 +159,43 @@ def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served,
     monkeypatch.setattr(executable, "invoke", lambda *arrays: used.append("executor") or invoke(*arrays))
     assert _check_calls(kernel, 3, calls=2) == ""
     assert used == (["executor"] * 2 if on_executor else [])
+
+
+def test_small_calls_take_turns_at_the_gate_and_large_ones_do_not(served, monkeypatch):
+    """Calls shorter than GATED_CALL_S go through the process's gate (one thread at a time: side
+    by side they would pass the GIL to and fro); the GEMM's calls run side by side."""
+    entered: list[str] = []
+    enter = runtime.Gate.enter
+    monkeypatch.setattr(runtime.Gate, "enter", lambda gate, nap_s: entered.append("gate") or enter(gate, nap_s))
+    for name, gated in (("mlp", True), ("gemm_bias_relu", False)):
+        kernel = served.kernel(name)
+        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
+        entered.clear()
+        threads = [threading.Thread(target=lambda seed=seed: entered.append(_check_calls(kernel, seed, calls=4))) for seed in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=CHILD_BOUND_S)
+        assert sorted(entered) == ([""] * 4 + ["gate"] * 16 if gated else [""] * 4), name
+
+
+def test_fork_while_a_thread_is_inside_the_gate(served):
+    """A child forked while another thread of the parent is inside the gate gets a gate of its
+    own (the parent's would never open there)."""
+    kernel = served.kernel("mlp")
+    assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
+    gate = runtime._process.gate
+    gate.enter(1e-4)
+    try:
+        queue = FORK.Queue()
+        child = FORK.Process(target=_child, args=(kernel, 5, queue))
+        child.start()
+        try:
+            assert queue.get(timeout=CHILD_BOUND_S) == (5, "")
+        finally:
+            child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
+    finally:
+        gate.leave()
+    assert _check_calls(kernel, 6) == ""

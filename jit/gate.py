@@ -1,0 +1,107 @@
+"""One thread at a time through a stretch of code, in turns, with no thread woken per pass.
+
+For calls whose Python work outweighs the native work the GIL is released for: threads running
+such calls side by side pass the GIL back and forth several times a call, and every pass wakes
+a sleeping thread, which takes longer than the call (on two cores, two threads made half the
+calls of one). Behind a gate, the thread inside runs its calls back to back while the others
+sleep on locks of their own, not on the GIL, so the GIL it releases around native work wakes
+nobody.
+
+Turns: the thread inside keeps the gate while it comes back for more, until the first waiter
+has waited one turn (`TURN_S`); its next exit hands the gate to that waiter. A waiter also
+looks for itself, after naps that double from about one call's time up to a turn, so that a
+gate its last user left for good is taken within about the time already waited.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+#: How long the thread inside may keep the gate while others wait. A turn costs the wake-up
+#: of the next thread (0.1-0.5 ms measured on a two-core VM) and some cold caches, so turns
+#: are long against that: calls then lose a few per cent to turns, not half.
+TURN_S = 0.01
+
+
+def _closed_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+@dataclass(eq=False)
+class _Waiter:
+    #: When this waiter's turn is due.
+    due: float
+    #: Released when the gate is handed to this waiter.
+    wake: threading.Lock = field(default_factory=_closed_lock)
+    granted: bool = False
+
+
+class Gate:
+    """Lets one thread at a time in; the others wait their turn in arrival order."""
+
+    def __init__(self) -> None:
+        #: Held while a thread is inside; handed from thread to thread at a turn.
+        self._inside = threading.Lock()
+        self._lock = threading.Lock()  # guards the waiters; never held across a wait
+        self._waiters: deque[_Waiter] = deque()
+        #: When the first waiter's turn is due (read without the lock: a stale value only
+        #: moves a turn by one call).
+        self._due = float("inf")
+
+    def enter(self, nap_s: float) -> None:
+        """Return once this thread is the one inside; `nap_s`: about one call's time."""
+        if time.monotonic() < self._due and self._inside.acquire(blocking=False):
+            return
+        with self._lock:
+            now = time.monotonic()
+            if now < self._due and self._inside.acquire(blocking=False):
+                return
+            waiter = _Waiter(now + TURN_S)
+            self._waiters.append(waiter)
+            if len(self._waiters) == 1:
+                self._due = waiter.due
+            if self._inside.acquire(blocking=False):  # open, and a waiter's turn is due: it goes first
+                self._hand_over()
+        self._wait(waiter, 2 * nap_s)
+
+    def leave(self) -> None:
+        """Let the next thread in (the thread inside calls this once per `enter`)."""
+        if time.monotonic() < self._due:
+            self._inside.release()
+            return
+        with self._lock:
+            self._leave_locked()
+
+    def _wait(self, waiter: _Waiter, nap: float) -> None:
+        try:
+            while not waiter.wake.acquire(timeout=nap):
+                with self._lock:
+                    if self._inside.acquire(blocking=False):  # left open: the first waiter (maybe this one) goes in
+                        self._hand_over()
+                nap = min(2 * nap, TURN_S)
+        except BaseException:  # KeyboardInterrupt in the main thread: give up the place, or the gate
+            with self._lock:
+                if waiter.granted:
+                    self._leave_locked()
+                else:
+                    self._waiters.remove(waiter)
+                    self._due = self._waiters[0].due if self._waiters else float("inf")
+            raise
+
+    def _leave_locked(self) -> None:
+        if self._waiters and time.monotonic() >= self._waiters[0].due:
+            self._hand_over()
+        else:
+            self._inside.release()
+
+    def _hand_over(self) -> None:
+        """The first waiter is inside now (`_inside` stays held, on its behalf)."""
+        waiter = self._waiters.popleft()
+        self._due = self._waiters[0].due if self._waiters else float("inf")
+        waiter.granted = True
+        waiter.wake.release()
