@@ -77,7 +77,7 @@ class DeviceCode:
 
     amdgpu: tuple[AmdgpuCode, ...]
     ptx: tuple[PtxCode, ...]
-    #: `e_machine` of every other ELF image (host code of CPU targets: 62 is x86-64).
+    #: `e_machine` of every other ELF image (code of CPU targets: 62 x86-64, 183 aarch64).
     other_machines: tuple[int, ...]
 
     @property
@@ -91,7 +91,7 @@ class DeviceCode:
             feats = ", ".join(f"{n} {getattr(code, n)}" for n in ("xnack", "sramecc") if getattr(code, n) != "unsupported")
             parts.append(f"HSACO {code.processor} ({code.target or 'no metadata'}{'; ' + feats if feats else ''})")
         parts += [f"PTX {p.version} {p.target}" for p in self.ptx]
-        parts += [f"ELF machine {m}" for m in self.other_machines]
+        parts += [f"ELF {elf.MACHINES.get(m, 'machine')} (machine {m})" for m in self.other_machines]
         return "; ".join(parts) or "no device code"
 
 

@@ -16,6 +16,7 @@ from typing import Iterable
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
 from portkern.errors import DeviceError, brief
+from portkern.jit import aarch64
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 
 KIND = "cpu"
@@ -24,7 +25,10 @@ _TARGET_ATTR = re.compile(r'#hal\.executable\.target<"llvm-cpu", "[^"]+", \{(.*?
 
 
 def flags(fingerprint: DeviceFingerprint) -> tuple[str, ...]:
-    """IREE flags that compile for exactly this CPU (IREE's default, embedded-ELF triple)."""
+    """IREE flags that compile for exactly this CPU (IREE's default, embedded-ELF triple; an
+    AArch64 ISA level in AArch64's)."""
+    if is_aarch64_level(fingerprint):
+        return aarch64.flags(fingerprint.arch, fingerprint.features)
     return (
         "--iree-hal-target-device=local",
         "--iree-hal-local-target-device-backends=llvm-cpu",
@@ -55,8 +59,9 @@ def host(store: Store | None = None) -> DeviceFingerprint:
 
 
 def resolve(cpu: str, store: Store | None = None) -> DeviceFingerprint:
-    """The fingerprint of an LLVM CPU name ("host" for this machine's CPU)."""
-    parts = ("cpu", cpu, host_identity() if cpu == "host" else "")
+    """The fingerprint of an LLVM CPU name ("host" for this machine's CPU) or of an AArch64
+    ISA level (`aarch64.LEVELS`)."""
+    parts = ("cpu", cpu, host_identity() if cpu == "host" else aarch64.LEVELS.get(cpu, ""))
     fingerprint = DeviceFingerprint.from_dict(memoised(parts, lambda: _llvm_resolve(cpu).to_dict(), store))
     return replace(fingerprint, features=unique_features(fingerprint.features))
 
@@ -79,25 +84,37 @@ def _llvm_resolve(cpu: str) -> DeviceFingerprint:
     except subprocess.TimeoutExpired:
         raise DeviceError(f"probing the CPU {cpu!r} took longer than {PROBE_TIMEOUT_S} s") from None
     if "is not a recognized processor" in done.stderr or done.returncode != 0:
-        raise DeviceError(f"LLVM does not know the CPU {cpu!r} ({brief(done.stderr, last=True) or 'probe failed'})")
+        raise DeviceError(
+            f"LLVM does not know the CPU {cpu!r} ({brief(done.stderr, last=True) or 'probe failed'}); "
+            f"the AArch64 ISA levels are {', '.join(aarch64.LEVELS)}"
+        )
     return DeviceFingerprint.from_dict(json.loads(done.stdout))
 
 
 def _probe_in_this_process(cpu: str) -> DeviceFingerprint:
+    if cpu in aarch64.LEVELS:
+        level = DeviceFingerprint(KIND, cpu, aarch64.LEVELS[cpu], (("triple", aarch64.TRIPLE),))
+        attrs = _resolved_attrs(cpu, flags(level))
+        return replace(level, features=attrs.get("cpu_features", level.features))
     features = "host" if cpu == "host" else ""
-    text = resolve_executable_target(
+    attrs = _resolved_attrs(
+        cpu,
         (
             "--iree-hal-target-device=local",
             "--iree-hal-local-target-device-backends=llvm-cpu",
             f"--iree-llvmcpu-target-cpu={cpu}",
             f"--iree-llvmcpu-target-cpu-features={features}",
-        )
+        ),
     )
-    match = _TARGET_ATTR.search(text)
+    return DeviceFingerprint(KIND, attrs.get("cpu", cpu), attrs.get("cpu_features", ""), (("triple", _host_triple()),))
+
+
+def _resolved_attrs(cpu: str, target_flags: tuple[str, ...]) -> dict[str, str]:
+    """The string attributes of the `llvm-cpu` executable target IREE resolves for the flags."""
+    match = _TARGET_ATTR.search(resolve_executable_target(target_flags))
     if match is None:
         raise DeviceError(f"could not read the IREE CPU target for {cpu!r}")
-    attrs = dict(re.findall(r'([\w.]+) = "([^"]*)"', match.group(1)))
-    return DeviceFingerprint(KIND, attrs.get("cpu", cpu), attrs.get("cpu_features", ""), (("triple", _host_triple()),))
+    return dict(re.findall(r'([\w.]+) = "([^"]*)"', match.group(1)))
 
 
 def _host_triple() -> str:
@@ -129,32 +146,62 @@ def enabled_features(features: str) -> set[str]:
     return {name for name, on in state.items() if on}
 
 
-def can_run(code: DeviceFingerprint, host_cpu: DeviceFingerprint) -> bool:
-    """Whether code built for `code` only uses features the host CPU has."""
-    return enabled_features(code.features) <= enabled_features(host_cpu.features) and code.property(
-        "triple"
-    ) == host_cpu.property("triple")
+def can_run(code: DeviceFingerprint, host_cpu: DeviceFingerprint, hwcaps: Iterable[str] | None = None) -> bool:
+    """Whether code built for `code` runs on the host CPU: the same architecture (triple), and
+    only features the host has. On AArch64 the kernel's hwcaps decide the features they name
+    (`hwcaps`: an AArch64 host's `/proc/cpuinfo` `Features`; None: this machine's, if it is one)."""
+    triple = code.property("triple")
+    if triple != host_cpu.property("triple"):
+        return False
+    if code == host_cpu:
+        return True
+    have = enabled_features(host_cpu.features)
+    if aarch64.is_aarch64(triple):
+        have = aarch64.usable(have, aarch64.host_hwcaps() if hwcaps is None else hwcaps)
+    return required_features(code) <= have
 
 
-def serving_order(host_cpu: DeviceFingerprint, built_for: Iterable[DeviceFingerprint]) -> list[DeviceFingerprint]:
+def required_features(code: DeviceFingerprint) -> set[str]:
+    """The CPU features code built for `code` needs (its enabled features, less code-generation options)."""
+    enabled = enabled_features(code.features)
+    return aarch64.required(enabled) if aarch64.is_aarch64(code.property("triple")) else enabled
+
+
+def is_aarch64_level(code: DeviceFingerprint) -> bool:
+    """Whether `code` is one of the AArch64 ISA levels (`aarch64.LEVELS`)."""
+    return code.kind == KIND and code.arch in aarch64.LEVELS and aarch64.is_aarch64(code.property("triple"))
+
+
+def serving_order(
+    host_cpu: DeviceFingerprint, built_for: Iterable[DeviceFingerprint], hwcaps: Iterable[str] | None = None
+) -> list[DeviceFingerprint]:
     """The CPUs among `built_for` whose code this host runs (`can_run`): the host's own
     first, then the most specific (most features enabled)."""
-    runs = {fp for fp in built_for if fp.kind == KIND and can_run(fp, host_cpu)}
+    hwcaps = None if hwcaps is None else tuple(hwcaps)
+    runs = {fp for fp in built_for if fp.kind == KIND and can_run(fp, host_cpu, hwcaps)}
     return sorted(runs, key=lambda fp: (fp != host_cpu, -len(enabled_features(fp.features)), fp.arch))
 
 
-def is_baseline(code: DeviceFingerprint, host_cpu: DeviceFingerprint) -> bool:
+def is_baseline(code: DeviceFingerprint, host_cpu: DeviceFingerprint, hwcaps: Iterable[str] | None = None) -> bool:
     """Whether code built for `code` is baseline code on `host_cpu`: for another CPU model or an
-    ISA level (e.g. x86-64-v3) whose every feature that CPU has."""
-    return code.kind == KIND and code.arch != host_cpu.arch and can_run(code, host_cpu)
+    ISA level (e.g. x86-64-v3, armv8.2-a) whose every feature that CPU has (`hwcaps` as for `can_run`)."""
+    return code.kind == KIND and code.arch != host_cpu.arch and can_run(code, host_cpu, hwcaps)
 
 
 def serves(code: DeviceFingerprint, store: Store | None = None) -> str:
     """Which hosts native code built for `code` is served to, in words, and whether this one is."""
     if code.kind != KIND:
         return f"exactly {code.label}"
-    here = "this host" if can_run(code, host(store)) else "not this host"
-    return f"CPUs with every feature of {code.arch} ({len(enabled_features(code.features))}); {here}"
+    here_cpu = host(store)
+    here = "this host" if can_run(code, here_cpu) else "not this host"
+    isa = _isa(code.property("triple"))
+    if isa != _isa(here_cpu.property("triple")):
+        here += f" ({_isa(here_cpu.property('triple'))})"
+    return f"{isa} CPUs with every feature of {code.arch} ({len(required_features(code))}); {here}"
+
+
+def _isa(triple: str) -> str:
+    return triple.split("-", 1)[0] or "unknown"
 
 
 def probe(store: Store | None = None) -> Probe:
@@ -166,7 +213,12 @@ def target(arch: str | None, store: Store | None = None) -> Target:
     here = host(store)
     fingerprint = here if arch in (None, "", "host") else resolve(arch, store)
     runnable = can_run(fingerprint, here)
-    reason = "" if runnable else f"this host ({here.arch}) lacks CPU features that {fingerprint.arch} code uses"
+    if runnable:
+        reason = ""
+    elif _isa(fingerprint.property("triple")) != _isa(here.property("triple")):
+        reason = f"{fingerprint.arch} code is for {_isa(fingerprint.property('triple'))} CPUs; this host is {_isa(here.property('triple'))}"
+    else:
+        reason = f"this host ({here.arch}) lacks CPU features that {fingerprint.arch} code uses"
     return Target(fingerprint, flags(fingerprint), "any", "local-task", runnable, reason)
 
 

@@ -20,6 +20,10 @@ ELFCLASS64 = 2
 ELFDATA2LSB = 1
 SHT_NOTE = 7
 SHT_NOBITS = 8
+EM_X86_64 = 62
+EM_AARCH64 = 183
+#: `e_machine` -> the architecture's name, for the machines portkern builds code for.
+MACHINES = {EM_X86_64: "x86-64", EM_AARCH64: "aarch64", 224: "amdgpu"}
 
 #: Limits: images kept and magic numbers tried per blob, sections per image, notes per section.
 MAX_IMAGES = 256

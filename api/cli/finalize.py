@@ -70,7 +70,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
                     "origin": native.origin,
                     "size": len(native.data),
                     "finalize_s": native.finalize_s,
-                    "code": codeobject.inspect(native.data).summary() if target.family != "any" else "host code",
+                    "code": codeobject.inspect(native.data).summary(),
                 }
             )
     keys = [r["key"] for r in rows if r["ok"]]
