@@ -108,3 +108,61 @@ class Gate:
         self._due = self._waiters[0].due if self._waiters else float("inf")
         waiter.granted = True
         waiter.wake.release()
+
+
+#: How long each way is tried, and for how many windows the better one then stands before
+#: both are tried again (a trial spends two windows on the other way: 6 % of the time).
+TRIAL_S = 0.1
+KEEP_WINDOWS = 30
+#: A window counts when its calls took this many times its length (calls overlapped).
+CONTENDED = 1.5
+
+
+class Choice:
+    """Whether one kernel's calls take turns at the gate or run side by side, chosen on the
+    kernel's own calls while several threads make them at once. A trial times a window of
+    `TRIAL_S` each way (after a window for the switch to settle); the way that completed more
+    calls a second stands for `KEEP_WINDOWS` windows, then both are tried again. Turns win
+    where a call is mostly Python work; side by side where native work, run without the GIL,
+    is most of a call. Windows whose calls did not overlap count for nothing: a lone thread
+    passes the gate at no cost."""
+
+    def __init__(self, now: float) -> None:
+        #: How calls run now: True, taking turns at the gate (never a collapse); False, side by side.
+        self.gated = True
+        self._lock = threading.Lock()  # held only to close a window (never waited for)
+        self._start = now
+        self._calls = 0
+        self._busy = 0.0
+        self._rates: dict[bool, float] = {}
+        self._keep = 0
+        self._settling = False
+
+    def record(self, start: float, end: float) -> None:
+        """Count a call that ran from `start` to `end` (`time.monotonic()`, gate included)."""
+        self._calls += 1
+        self._busy += end - start
+        length = end - self._start
+        if length < TRIAL_S or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._busy >= CONTENDED * length:
+                self._close_window(self._calls / length)
+            self._start, self._calls, self._busy = end, 0, 0.0
+        finally:
+            self._lock.release()
+
+    def _close_window(self, rate: float) -> None:
+        if self._keep:
+            self._keep -= 1
+        elif self._settling:
+            self._settling = False
+        elif not self._rates:
+            self._rates[self.gated] = rate
+            self.gated = not self.gated
+            self._settling = True
+        else:
+            self._rates[self.gated] = rate
+            self.gated = max(self._rates, key=self._rates.__getitem__)
+            self._rates = {}
+            self._keep = KEEP_WINDOWS

@@ -8,11 +8,13 @@ on the executor ran at least `EXECUTOR_GAIN` times faster than on the calling th
 executor workers against 1.0 ms inline). Otherwise, and always while calls overlap
 (and for `OVERLAP_WINDOW_S` after), calls run on the calling thread (`local-sync`):
 concurrent callers then each keep a core busy rather than queue on, or preempt, the
-executor. Calls shorter than `GATED_CALL_S` inline are mostly Python work, and the runtime
-call releases the GIL twice per call (argument copy, invoke): side by side, threads passed
-the GIL to and fro with a wake-up each time, and two threads made half the calls of one.
-Such calls take turns at the process's gate (`jit/gate.py`): one thread at a time runs
-them back to back, the others sleep off the GIL until their turn.
+executor. Of a short call, much is Python work, and the runtime call releases the GIL
+twice (argument copy, invoke): side by side, threads pass the GIL to and fro with a
+wake-up each time (two threads made half the calls of one with a 30 us kernel, while a
+90 us one, two thirds native work, made 1.8 times as many). So calls shorter than
+`SMALL_CALL_S` either take turns at the process's gate (`jit/gate.py`: one thread at a
+time runs them back to back, the others sleep off the GIL until their turn) or run side
+by side, whichever made more calls a second when the kernel's own calls tried both.
 
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
@@ -31,7 +33,7 @@ from typing import Iterator
 import numpy as np
 
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
-from portkern.jit.gate import Gate
+from portkern.jit.gate import Choice, Gate
 
 #: The driver that runs a `local-task` call on the calling thread.
 INLINE = {"local-task": "local-sync"}
@@ -45,8 +47,6 @@ EXECUTOR_PROBES = 3
 EXECUTOR_GAIN = 1.25
 #: After two calls overlapped, every call runs inline for this long.
 OVERLAP_WINDOW_S = 0.1
-#: Inline calls shorter than this go through the process's gate, one thread at a time.
-GATED_CALL_S = SMALL_CALL_S
 #: Drivers started afresh in a forked child; others (GPU drivers) do not survive fork.
 FORK_SAFE = ("local-task", "local-sync")
 
@@ -152,8 +152,9 @@ class Executable:
         self._loaded: dict[str, _Loaded] = {}
         self._inline_s = float("inf")
         self._inline_probes = 0
-        #: Set (to the inline call time) once the probes found calls short enough for the gate.
-        self._gated_s: float | None = None
+        #: For calls that always run inline (set once the probes found them short): whether
+        #: they take turns at the gate or run side by side.
+        self._choice: Choice | None = None
         self._executor_s = float("inf")
         self._executor_probes = 0
         self._load(driver)
@@ -214,22 +215,28 @@ class Executable:
             if self._inline_probes < INLINE_PROBES:
                 self._inline_s = min(self._inline_s, time.perf_counter() - start)
                 self._inline_probes += 1
-                if self._inline_probes >= INLINE_PROBES and self._inline_s < GATED_CALL_S:
-                    self._gated_s = self._inline_s
+                if self._inline_probes >= INLINE_PROBES and self._inline_s < SMALL_CALL_S:
+                    self._choice = Choice(time.monotonic())
             return results
         finally:
             traffic.leave()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        gated_s = self._gated_s
-        if gated_s is None:
+        choice = self._choice
+        if choice is None:
             return self._to_host(self._run(arrays))
-        gate = _process.gate
-        gate.enter(gated_s)
-        try:  # inline: a call this short never pays its way on the task executor
-            return self._to_host(self._invoke(self._load(INLINE[self.driver]), arrays))
+        start = time.monotonic()
+        try:
+            if not choice.gated:
+                return self._to_host(self._run(arrays))
+            gate = _process.gate
+            gate.enter(self._inline_s)
+            try:  # inline: a call this short never pays its way on the task executor
+                return self._to_host(self._invoke(self._load(INLINE[self.driver]), arrays))
+            finally:
+                gate.leave()
         finally:
-            gate.leave()
+            choice.record(start, time.monotonic())
 
     @staticmethod
     def _to_host(results) -> list[np.ndarray]:

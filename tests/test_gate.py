@@ -129,3 +129,41 @@ def test_a_waiter_interrupted_while_waiting_leaves_no_trace(monkeypatch):
 
     _run([threading.Thread(target=enter)])
     assert entered.is_set()
+
+
+def _window(choice: gate_module.Choice, start: float, calls: int, overlap: float = 2.0) -> float:
+    """`calls` calls finishing evenly over one trial window from `start`, `overlap` of them in
+    flight at a time; the window's end."""
+    end = start + gate_module.TRIAL_S * 1.001  # the last call closes the window
+    step = (end - start) / calls
+    for i in range(calls):
+        done = start + (i + 1) * step
+        choice.record(done - overlap * step, done)
+    return end
+
+
+@pytest.mark.parametrize(("gated_calls", "side_by_side_calls", "chosen"), [(900, 400, True), (500, 1000, False)])
+def test_choice_keeps_the_way_that_made_more_calls(gated_calls, side_by_side_calls, chosen):
+    choice = gate_module.Choice(0.0)
+    assert choice.gated  # before any trial: turns, which never collapse
+    now = _window(choice, 0.0, gated_calls)
+    assert not choice.gated  # the other way next: a window to settle, then one timed
+    now = _window(choice, now, 10)
+    assert not choice.gated
+    now = _window(choice, now, side_by_side_calls)
+    assert choice.gated is chosen
+    for _ in range(gate_module.KEEP_WINDOWS):  # it stands, whatever these windows make
+        now = _window(choice, now, 10)
+        assert choice.gated is chosen
+    _window(choice, now, 10)  # then both are tried again, from the way that stood
+    assert choice.gated is not chosen
+
+
+def test_choice_ignores_windows_whose_calls_did_not_overlap():
+    choice = gate_module.Choice(0.0)
+    now = 0.0
+    for _ in range(3):
+        now = _window(choice, now, 1000, overlap=1.0)  # one thread calling back to back
+    assert choice.gated and not choice._rates
+    _window(choice, now, 1000, overlap=2.0)
+    assert not choice.gated

@@ -15,7 +15,7 @@ import portkern
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.examples.reference import EXAMPLES
-from portkern.jit import runtime
+from portkern.jit import gate, runtime
 
 from helpers import assert_matches, opencl_device_missing
 
@@ -161,22 +161,35 @@ def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served,
     assert used == (["executor"] * 2 if on_executor else [])
 
 
-def test_small_calls_take_turns_at_the_gate_and_large_ones_do_not(served, monkeypatch):
-    """Calls shorter than GATED_CALL_S go through the process's gate (one thread at a time: side
-    by side they would pass the GIL to and fro); the GEMM's calls run side by side."""
+def _calls_from_threads(kernel, threads: int = 4, calls: int = 4) -> list[str]:
+    reports: list[str] = []
+    workers = [threading.Thread(target=lambda seed=seed: reports.append(_check_calls(kernel, seed, calls))) for seed in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=CHILD_BOUND_S)
+    return reports
+
+
+def test_short_calls_take_turns_at_the_gate_until_side_by_side_is_chosen(served, monkeypatch):
+    """Calls shorter than SMALL_CALL_S go through the process's gate, one thread at a time,
+    unless their kernel's trial chose side by side; the GEMM's calls never do. Results are
+    right either way."""
+    monkeypatch.setattr(gate, "TRIAL_S", 3600.0)  # no trial switches the way during the test
     entered: list[str] = []
     enter = runtime.Gate.enter
     monkeypatch.setattr(runtime.Gate, "enter", lambda gate, nap_s: entered.append("gate") or enter(gate, nap_s))
-    for name, gated in (("mlp", True), ("gemm_bias_relu", False)):
-        kernel = served.kernel(name)
+    small, large = served.kernel("mlp"), served.kernel("gemm_bias_relu")
+    for kernel in (small, large):
         assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
+    assert small.executable._choice.gated and large.executable._choice is None
+    for kernel, gated in ((small, True), (large, False)):
         entered.clear()
-        threads = [threading.Thread(target=lambda seed=seed: entered.append(_check_calls(kernel, seed, calls=4))) for seed in range(4)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=CHILD_BOUND_S)
-        assert sorted(entered) == ([""] * 4 + ["gate"] * 16 if gated else [""] * 4), name
+        reports = _calls_from_threads(kernel)
+        assert sorted(reports + entered) == [""] * 4 + (["gate"] * 16 if gated else []), kernel.name
+    small.executable._choice.gated = False
+    entered.clear()
+    assert _calls_from_threads(small) + entered == [""] * 4
 
 
 def test_fork_while_a_thread_is_inside_the_gate(served):
