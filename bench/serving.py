@@ -108,7 +108,7 @@ class _OnExecutor:
     """Native code always run on the task executor, results copied to NumPy (the call before inline runs)."""
 
     def __init__(self, kernel) -> None:
-        self._executable = Executable(kernel.native.data, kernel.record.entry, kernel.target.driver)
+        self._executable = Executable(kernel.native.data, kernel.record.entry, kernel.target.driver, kernel.executable.parameters)
 
     def __call__(self, *arrays):
         results = self._executable.invoke(*arrays)
@@ -135,7 +135,7 @@ class _SideBySide(Executable):
 
 def side_by_side(kernel) -> Kernel:
     """The same kernel (same argument checks) with calls from several threads side by side."""
-    return Kernel(kernel.record, kernel.target, kernel.native, _SideBySide(kernel.native.data, kernel.record.entry, kernel.target.driver))
+    return Kernel(kernel.record, kernel.target, kernel.native, _SideBySide(kernel.native.data, kernel.record.entry, kernel.target.driver, kernel.executable.parameters))
 
 
 def rows(kernels: dict, seconds: float, rounds: int) -> list[dict]:
