@@ -212,3 +212,18 @@ def test_fork_while_a_thread_is_inside_the_gate(served):
     finally:
         gate.leave()
     assert _check_calls(kernel, 6) == ""
+
+
+def test_the_serving_bench_deployer_models_match_numpy(tmp_path):
+    """The MNIST MLP and CNN the serving bench times compute what their NumPy references say."""
+    pytest.importorskip("onnx", reason="the deployer's models are ONNX graphs (portkern[onnx])")
+    from portkern.examples import serving_models
+    from portkern.portable.builder import build_file
+
+    build_file(serving_models.manifest(tmp_path / "models"), tmp_path / "deployer.pkb")
+    loaded = portkern.load(tmp_path / "deployer.pkb", store=Store(CacheConfig(tmp_path / "cache", 1 << 30, False)))
+    for model in (serving_models.mnist_mlp(), serving_models.mnist_cnn()):
+        kernel = loaded.kernel(model.name)
+        for seed in range(2):
+            inputs = model.inputs(np.random.default_rng(seed))
+            assert_matches(kernel(*inputs), model.reference(*inputs), model.rtol, model.atol)
