@@ -117,7 +117,7 @@ case "$cmd" in
   setup) setup ;;
   portkern) setup; portkern="$(cd "$VENV/bin" && pwd)/portkern"; cd "$CALLER_DIR"; exec "$portkern" "$@" ;;
   compat) setup; compat ;;
-  torch) setup; "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[all,torch]"; exec "$VENV/bin/python" -m pytest tests/test_tensors.py "$@" ;;
+  torch) setup; "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[all,torch]"; exec "$VENV/bin/python" -m pytest tests/test_tensors.py tests/test_torch_programs.py "$@" ;;
   bench) setup; for b in bench/*.py; do log "$b"; "$VENV/bin/python" "$b"; done ;;
   *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

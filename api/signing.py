@@ -279,9 +279,10 @@ def sign_value(name: str, data: bytes, key: str | Path) -> bytes:
         return (Path(where) / "sig").read_bytes()
 
 
-def verify_file(path: str | Path, data: bytes, trusted: tuple[TrustedKey, ...]) -> Verdict:
+def verify_file(path: str | Path, data: bytes | None, trusted: tuple[TrustedKey, ...]) -> Verdict:
     """Check `FILE.sig` over `data`, the file's bytes as the caller read them (so a file
-    swapped after reading cannot pass), against the trusted keys."""
+    swapped after reading cannot pass), against the trusted keys. `data` None: the file
+    is larger than the caller read (a bundle's parameter section), and is hashed here."""
     sig = signature_path(path)
     if not sig.exists():
         return Verdict(False, reason=f"not signed (no {sig.name})")
@@ -289,10 +290,17 @@ def verify_file(path: str | Path, data: bytes, trusted: tuple[TrustedKey, ...]) 
         signature = read_bounded(sig, MAX_SIGNATURE_BYTES, "signature", SignatureError)
     except SignatureError as exc:
         return Verdict(True, reason=f"signed, but {exc}")
+    if data is None:
+        try:
+            with open(path, "rb") as f:
+                file_sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as exc:
+            return Verdict(True, reason=f"signed, but the file cannot be read ({exc.strerror or exc})")
+        return verify_value(None, b"", signature, trusted, file_sha256)
     return verify_value(None, data, signature, trusted)
 
 
-def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple[TrustedKey, ...]) -> Verdict:
+def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple[TrustedKey, ...], data_sha256: str | None = None) -> Verdict:
     """Check an OMS signature over `data` (as a file called `name`, or as a lone file when
     `name` is None) against the trusted keys. Never raises for a bad signature.
 
@@ -326,7 +334,7 @@ def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple
         public.verify(raw, pae, ec.ECDSA(digest()))
     except invalid:
         return Verdict(True, reason="signed, but the signature does not verify (not made by that key over this statement)")
-    expected = [{"name": name or ".", "digest": hashlib.sha256(data).hexdigest(), "algorithm": "sha256"}]
+    expected = [{"name": name or ".", "digest": data_sha256 or hashlib.sha256(data).hexdigest(), "algorithm": "sha256"}]
     try:
         statement = json.loads(payload)
         covers = (

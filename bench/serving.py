@@ -101,7 +101,7 @@ class _OnExecutor:
     """Native code always run on the task executor, results copied to NumPy (the call before inline runs)."""
 
     def __init__(self, kernel) -> None:
-        self._executable = Executable(kernel.native.data, kernel.record.entry, kernel.target.driver)
+        self._executable = Executable(kernel.native.data, kernel.record.entry, kernel.target.driver, kernel.executable.parameters)
 
     def __call__(self, *arrays):
         results = self._executable.invoke(*arrays)

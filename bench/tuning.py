@@ -88,7 +88,7 @@ def side_by_side(bundle, name: str, target, configs: dict[str, str], inputs) -> 
     """Best-round seconds of each strategy's config, all timed interleaved on the deployed driver."""
     record = bundle.record(name)
     distinct = list(dict.fromkeys(configs.values()))
-    bench = Bench(record.entry, target.driver, inputs)
+    bench = Bench(record.entry, target.driver, inputs, bundle.parameters_for(record))
     executables = [bench.load(bundle.native(record, target, c).data) for c in distinct]
     timings = dict(zip(distinct, bench.interleaved(executables, rounds=ROUNDS)))
     return {strategy: timings[config].min_s for strategy, config in configs.items()}

@@ -80,3 +80,9 @@ def tuning_key(problem: str, device: DeviceFingerprint, compiler: str) -> str:
 def validated_key(payload_digest: str, schema_digest: str) -> str:
     """Key of the memo "a payload with this digest passed this schema"."""
     return _hash({"validated": payload_digest, "schema": schema_digest})
+
+
+def parameters_key(path: str, device: int, inode: int, size: int, mtime_ns: int, ctime_ns: int, root: str) -> str:
+    """Key of the memo "these parameter chunks of this file were checked": the file's identity
+    (any change to the file changes its size, mtime or ctime) and the section's root digest."""
+    return _hash({"parameters": root, "file": [path, device, inode, size, mtime_ns, ctime_ns]})

@@ -547,7 +547,7 @@ class Store:
                 with cache.transact():
                     self._remove(cache, row.key)
                 findings.append(Finding("entry", row.key, found, _row_entry(row)))
-        for kind in ("t", "p", "v"):
+        for kind in ("t", "p", "v", "w"):
             for name in self._record_names(cache, kind):
                 try:
                     _decode_record(_text(cache, name))

@@ -19,7 +19,7 @@ from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, ch
 from portkern.jit.target import Target
 from portkern.jit.tensors import result_wrapper
 from portkern.jit.toolchain import toolchain_for
-from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_bytes
+from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_head
 from portkern.portable.dtypes import as_declared
 from portkern.portable.verify import check_kernels
 from portkern.tuner.session import tune_kernel, tune_kernel_shapes
@@ -41,8 +41,8 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
         seen.append(store.get_record("v", validated_key(digest, schema)) is not None)
         return seen[-1]
 
-    data = read_bundle_bytes(path)
-    bundle = decode_file(path, data, validated)
+    data, size = read_bundle_head(path)
+    bundle = decode_file(path, data, validated, size)
     check_signature(bundle, Path(path), data)
     check_kernels(bundle)
     if not any(seen):
@@ -55,7 +55,7 @@ def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
     unless `data` (its bytes as read) is signed by a trusted key."""
     policy = signing.from_env()
     if policy.required and any(record.native for record in bundle.kernels):
-        verdict = signing.verify_file(path, data, policy.trusted)
+        verdict = signing.verify_file(path, data if bundle.parameters is None else None, policy.trusted)
         signing.require_trusted(verdict, f"{path}: refused (it carries prebuilt native code and {signing.REQUIRE_ENV}=1)")
 
 
@@ -63,8 +63,7 @@ class LoadedBundle(NativeCode):
     """A bundle opened on this machine: its kernels' native code (`NativeCode`) and callable kernels."""
 
     def __init__(self, bundle: Bundle, path: Path, store: Store | None = None) -> None:
-        super().__init__(bundle, store if store is not None else default_store())
-        self.path = path
+        super().__init__(bundle, store if store is not None else default_store(), path=path)
 
     @property
     def name(self) -> str:
@@ -107,6 +106,7 @@ class LoadedBundle(NativeCode):
                 f"(use `portkern finalize --target {target.label}` to build for it ahead of time)"
             )
         check_toolchain(record, target)
+        self.parameters_for(record)  # a bad parameter chunk fails here, before anything is compiled or cached
         if shapes is not None and tune in NO_SEARCH:
             raise TuningError(f"shapes= says what to tune {name!r} for; it needs a tuning strategy (tune='quick', ...)")
         later = background.enabled()
@@ -234,7 +234,7 @@ class LoadedBundle(NativeCode):
             self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
-        return toolchain_for(record).executable(native.data, record, target, native.config)
+        return toolchain_for(record).executable(native.data, record, target, native.config, self.parameters_for(record))
 
 
 class Kernel:

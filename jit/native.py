@@ -13,15 +13,17 @@ from __future__ import annotations
 import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Callable, Sequence
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Filter, Store
-from portkern.errors import DeviceError, FinalizeError, PortkernError
+from portkern.errors import BundleError, DeviceError, FinalizeError, PortkernError
 from portkern.jit import cpu, opencl_native
 from portkern.jit.codeobject import check as check_code
 from portkern.jit.codeobject import problem as code_problem
+from portkern.jit.parameters import KernelParameters, MappedSection
 from portkern.jit.target import Target
 from portkern.jit.toolchain import OPENCL, toolchain_for
 from portkern.jit.workers import Job, Pool, Result, Source, shared_pool
@@ -110,15 +112,28 @@ class Analysis:
 class NativeCode:
     """Native code for one bundle's kernels, through the cache and the worker pool."""
 
-    def __init__(self, bundle: Bundle, store: Store, pool: Pool | None = None) -> None:
+    def __init__(self, bundle: Bundle, store: Store, pool: Pool | None = None, path: Path | None = None) -> None:
         self.bundle = bundle
         self.store = store
         self._pool = pool
+        #: The file the bundle was read from (where its parameter section lies).
+        self.path = path
+        self._section: MappedSection | None = None
 
     @property
     def pool(self) -> Pool:
         """The worker pool that compiles for this bundle (the process's shared one by default)."""
         return self._pool if self._pool is not None else shared_pool()
+
+    def parameters_for(self, record: KernelRecord) -> KernelParameters | None:
+        """The kernel's parameters, mapped from the bundle file and checked (None: it has none)."""
+        if not record.parameters:
+            return None
+        if self._section is None:
+            if self.path is None:
+                raise BundleError(f"kernel {record.name!r} reads parameters, but bundle {self.bundle.name!r} was not read from a file")
+            self._section = MappedSection(self.bundle, self.path, self.store)
+        return self._section.for_kernel(record)
 
     # --- planning ---------------------------------------------------------------
 

@@ -17,11 +17,11 @@ from portkern.errors import DeviceError, PortkernError
 from portkern.jit.finalize import finalize
 from portkern.jit.target import Target
 from portkern.jit.toolchain import IREE
-from portkern.portable.bundle import Bundle, KernelRecord, NativeArtifact, sha256
+from portkern.portable.bundle import IREE_KINDS, Bundle, KernelRecord, NativeArtifact, sha256
 
 #: Called before each kernel is finalised for each target.
 Progress = Callable[[KernelRecord, Target], None]
-FINALIZED_KINDS = ("mlir", "onnx")
+FINALIZED_KINDS = IREE_KINDS
 
 
 @dataclass(frozen=True)

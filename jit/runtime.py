@@ -22,11 +22,14 @@ import os
 import signal
 import threading
 import time
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
+
+if TYPE_CHECKING:
+    from portkern.jit.parameters import KernelParameters
 
 #: The driver that runs a `local-task` call on the calling thread.
 INLINE = {"local-task": "local-sync"}
@@ -117,15 +120,17 @@ def runtime_config(driver: str):
 
 
 class _Loaded:
-    """A vmfb loaded on one driver in one process."""
+    """A vmfb loaded on one driver in one process (with its parameters, read from their mapping)."""
 
-    def __init__(self, vmfb: bytes, entry: str, driver: str) -> None:
+    def __init__(self, vmfb: bytes, entry: str, driver: str, parameters: "KernelParameters | None" = None) -> None:
         import iree.runtime as rt
 
         self.process = _process
         config = runtime_config(driver)
         try:
             self.context = rt.SystemContext(config=config)
+            if parameters is not None:
+                self.context.add_vm_module(_parameters_module(self.context.instance, parameters))
             module = rt.VmModule.copy_buffer(self.context.instance, vmfb)
             self.context.add_vm_module(module)
             self.function = self.context.modules[module.name][entry]
@@ -133,12 +138,30 @@ class _Loaded:
             raise KernelRuntimeError(f"cannot load native code for {entry!r}: {exc}") from None
 
 
-class Executable:
-    """A loaded vmfb whose entry function takes and returns NumPy arrays."""
+def _parameters_module(instance, parameters: "KernelParameters"):
+    """IREE's io-parameters module serving a kernel's parameters from the mapped bundle file
+    (one provider per scope; nothing is copied here)."""
+    import iree.runtime as rt
 
-    def __init__(self, vmfb: bytes, entry: str, driver: str = "local-task") -> None:
+    handle = rt.FileHandle.wrap_memory(parameters.buffer, readable=True, writable=False)
+    scopes = parameters.scopes()
+    providers = []
+    for scope, entries in scopes.items():
+        index = rt.ParameterIndex()
+        for name, offset, size in entries:
+            index.add_from_file_handle(name, handle, size, offset)
+        providers.append(index.create_provider(scope=scope))
+    return rt.create_io_parameters_module(instance, *providers)
+
+
+class Executable:
+    """A loaded vmfb whose entry function takes and returns NumPy arrays; `parameters`: the
+    named parameters (weights) it reads, from their mapped bundle file."""
+
+    def __init__(self, vmfb: bytes, entry: str, driver: str = "local-task", parameters: "KernelParameters | None" = None) -> None:
         self.entry = entry
         self.driver = driver
+        self.parameters = parameters
         self._vmfb = vmfb
         self._loaded: dict[str, _Loaded] = {}
         self._inline_s = float("inf")
@@ -157,7 +180,7 @@ class Executable:
             if loaded is None or loaded.process is not _process:
                 if loaded is not None:
                     _inherited.append(loaded)
-                loaded = self._loaded[driver] = _Loaded(self._vmfb, self.entry, driver)
+                loaded = self._loaded[driver] = _Loaded(self._vmfb, self.entry, driver, self.parameters)
             return loaded
 
     def upload(self, arrays: list[np.ndarray]) -> list:

@@ -37,11 +37,12 @@ class IreeToolchain:
         """Refuse, before any worker reads it, a stage this compiler cannot read."""
         check_stage(stage, name)
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str):
-        """A loaded, callable kernel for native code built with `config`."""
+    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None):
+        """A loaded, callable kernel for native code built with `config`, reading `parameters`
+        (a bundle's mapped parameters) if it has any."""
         from portkern.jit.runtime import Executable
 
-        return Executable(data, record.entry, target.driver)
+        return Executable(data, record.entry, target.driver, parameters)
 
 
 class OpenclToolchain:
@@ -78,7 +79,7 @@ class OpenclToolchain:
     def check(self, stage: Stage, name: str) -> None:
         """Nothing to refuse beyond what `stage` checked."""
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str):
+    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None):
         return self._native.Executable(data, record, target, config)
 
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
 from portkern.errors import BuildError, PortkernError
-from portkern.portable.bundle import Bundle, KernelRecord, Stage, sha256, write_bundle
+from portkern.portable.bundle import IREE_KINDS, Bundle, KernelRecord, Stage, sha256, write_bundle
 from portkern.portable.compiler import Compiler, bytecode
 from portkern.portable.contract_ir import build_contract
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
 from portkern.portable.lower import BUILD_FLAGS, PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
+from portkern.portable.parameters import ParameterData
 from portkern.portable.verify import read_back
 
 #: Called before each kernel is built, with its spec, index and the kernel count.
@@ -22,31 +24,35 @@ Progress = Callable[[KernelSpec, int, int], None]
 Finish = Callable[[Bundle], Bundle]
 
 
-def build(manifest: Manifest, progress: Progress | None = None) -> Bundle:
-    """Lower every kernel of a manifest and gather them in a bundle (not yet written)."""
+def build(manifest: Manifest, progress: Progress | None = None, workdir: Path | None = None) -> Bundle:
+    """Lower every kernel of a manifest and gather them in a bundle (not yet written; the
+    parameters of PyTorch programs wait in `workdir` until it is)."""
     compiler = Compiler(BUILD_FLAGS)
     records: list[KernelRecord] = []
     blobs: dict[str, bytes] = {}
+    parameters: list[ParameterData] = []
     for index, spec in enumerate(manifest.kernels):
         if progress:
             progress(spec, index, len(manifest.kernels))
-        record, kernel_blobs = build_kernel(spec, compiler, manifest.targets)
+        record, kernel_blobs, kernel_parameters = build_kernel(spec, compiler, manifest.targets, workdir)
         records.append(record)
         blobs.update(kernel_blobs)
-    return Bundle(manifest.bundle, tuple(records), blobs)
+        parameters.extend(kernel_parameters)
+    return Bundle(manifest.bundle, tuple(records), blobs, parameter_data=tuple(parameters))
 
 
 def build_kernel(
-    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",)
-) -> tuple[KernelRecord, dict[str, bytes]]:
-    """One kernel's bundle record and the blobs it refers to.
+    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",), workdir: Path | None = None
+) -> tuple[KernelRecord, dict[str, bytes], tuple[ParameterData, ...]]:
+    """One kernel's bundle record, the blobs it refers to and its parameters (to be written;
+    the record's own `parameters` are placed when the bundle is written).
 
     `targets` are the manifest's device families: each GPU family among them
     adds a stage lowered for that family's placeholder target.
     """
     source_sha = hashlib.sha256(spec.source.read_bytes()).hexdigest()
-    if spec.kind in ("mlir", "onnx"):
-        lowered = lower_source(spec, compiler)
+    if spec.kind in IREE_KINDS:
+        lowered = lower_source(spec, compiler, workdir)
         blob = sha256(lowered.stage_bytes)
         stages = [Stage(PORTABLE_PHASE, "any", "mlir-bytecode", blob, len(lowered.stage_bytes), lowered.producer)]
         blobs = {blob: lowered.stage_bytes}
@@ -59,11 +65,11 @@ def build_kernel(
         contract = build_contract(spec, compiler, lowered.source, lowered.entry, lowered.signature)
         signature = replace(lowered.signature, contract=contract)
         record = KernelRecord(spec.name, spec.kind, lowered.entry, signature, tuple(stages), source_sha)
-        return record, blobs
+        return record, blobs, lowered.parameters
     if spec.kind in ("opencl", "spirv"):
         from portkern.portable.opencl import build_opencl
 
-        return build_opencl(spec, source_sha)
+        return (*build_opencl(spec, source_sha), ())
     raise BuildError(f"{spec.source}: kernels of kind {spec.kind!r} are not supported by this build")
 
 
@@ -78,10 +84,11 @@ def family_stage(spec: KernelSpec, lowered: Lowered, name: str, compiler: Compil
     return stage, data
 
 
-def self_check(data: bytes, output: str | Path) -> None:
-    """Read a bundle's bytes back exactly as `portkern.load` will, before they are published."""
+def self_check(data: bytes, output: str | Path, file_size: int | None = None) -> None:
+    """Read a bundle's bytes back exactly as `portkern.load` will, before they are published
+    (`data`: header and payload; `file_size`: with the parameter section, if there is one)."""
     try:
-        read_back(data)
+        read_back(data, file_size)
     except PortkernError as exc:
         raise BuildError(f"{output}: not written: the bundle as built fails the reader ({type(exc).__name__}: {exc})") from None
 
@@ -90,8 +97,9 @@ def build_file(
     manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None
 ) -> Bundle:
     """Build the bundle a manifest describes and write it to `output`."""
-    bundle = build(load_manifest(manifest_path), progress)
-    if finish is not None:
-        bundle = finish(bundle)
-    digest = write_bundle(bundle, output, check=lambda data: self_check(data, output))
-    return Bundle(bundle.name, bundle.kernels, bundle.blobs, digest, bundle.version)
+    with tempfile.TemporaryDirectory(prefix="portkern-build-") as workdir:
+        bundle = build(load_manifest(manifest_path), progress, Path(workdir))
+        if finish is not None:
+            bundle = finish(bundle)
+        digest = write_bundle(bundle, output, check=lambda data, size: self_check(data, output, size))
+    return replace(bundle, digest=digest, version=bundle.written_version(), parameter_data=())

@@ -14,7 +14,7 @@ names cannot contain path separators.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -29,14 +29,34 @@ from portkern.errors import (
     UnsupportedVersionError,
 )
 from portkern.portable.contract import ShapeContract
+from portkern.portable.parameters import (
+    CHUNK_BYTES,
+    SECTION_ALIGNMENT,
+    Parameter,
+    ParameterData,
+    ParameterSection,
+    check_file_size,
+    check_layout,
+    layout,
+    section_offset,
+    write_section,
+)
 from portkern.portable.producer import Producer
 
 MAGIC = b"\x89PKB\r\n\x1a\n"
 FORMAT_MAJOR = 1
-FORMAT_MINOR = 0
+#: The newest minor version this portkern reads. It writes the oldest one that holds the bundle:
+#: 1.1 when there is a parameter section, else 1.0.
+FORMAT_MINOR = 1
+#: The first minor version with a parameter section.
+PARAMETERS_MINOR = 1
+#: Kernel kinds whose sources are lowered to MLIR stages for IREE (others: OpenCL C, SPIR-V).
+IREE_KINDS = ("mlir", "onnx", "torch")
 HEADER_SIZE = framing.HEADER_SIZE
 
 #: Reader limits. A bundle over any of them is refused with OversizeFieldError.
+#: (MAX_BUNDLE_BYTES bounds the header and payload; a parameter section is bounded by
+#: `portable.parameters.MAX_SECTION_BYTES`.)
 MAX_BUNDLE_BYTES = 4 << 30
 MAX_BLOB_BYTES = 2 << 30
 MAX_STRING_BYTES = 64 << 10
@@ -176,6 +196,8 @@ class KernelRecord:
     native: tuple[NativeArtifact, ...] = ()
     #: Kind-specific launch description (OpenCL: arguments, sizes); empty for MLIR.
     launch: Mapping[str, Any] = field(default_factory=dict)
+    #: Named parameters (weights) its stages refer to, in the bundle's parameter section.
+    parameters: tuple[Parameter, ...] = ()
 
     def stage(self, family: str = "any") -> Stage:
         """The stage to finalise for a device family: the family's own stage if
@@ -199,6 +221,8 @@ class KernelRecord:
         }
         if self.launch:
             data["launch"] = dict(self.launch)
+        if self.parameters:
+            data["parameters"] = [p.to_dict() for p in self.parameters]
         return data
 
     @classmethod
@@ -212,6 +236,7 @@ class KernelRecord:
             data["source_sha256"],
             tuple(NativeArtifact.from_dict(n) for n in data.get("native", ())),
             data.get("launch", {}),
+            tuple(Parameter.from_dict(p) for p in data.get("parameters", ())),
         )
 
 
@@ -224,7 +249,11 @@ class Bundle:
     blobs: Mapping[str, bytes]
     #: sha256 of the payload, hex; set when read from or written to a file.
     digest: str = ""
-    version: tuple[int, int] = (FORMAT_MAJOR, FORMAT_MINOR)
+    version: tuple[int, int] = (FORMAT_MAJOR, 0)
+    #: Where the parameter section lies in the file the bundle was read from (None: none).
+    parameters: ParameterSection | None = None
+    #: Build side only: parameters still to be written, streamed into the file by `write_bundle`.
+    parameter_data: tuple[ParameterData, ...] = ()
 
     def kernel(self, name: str) -> KernelRecord:
         from portkern.errors import KernelNotFoundError, did_you_mean
@@ -239,13 +268,21 @@ class Bundle:
     def blob(self, sha: str) -> bytes:
         return self.blobs[sha]
 
+    def written_version(self) -> tuple[int, int]:
+        """The oldest format version that holds this bundle (what `encode` writes)."""
+        with_parameters = self.parameters is not None or bool(self.parameter_data)
+        return (FORMAT_MAJOR, PARAMETERS_MINOR if with_parameters else 0)
+
     def meta(self) -> dict:
-        return {
+        data = {
             "format": "portkern-bundle",
-            "version": list(self.version),
+            "version": list(self.written_version()),
             "name": self.name,
             "kernels": [k.to_dict() for k in self.kernels],
         }
+        if self.parameters is not None:
+            data["parameters"] = self.parameters.to_dict()
+        return data
 
 
 def sha256(data: bytes) -> str:
@@ -253,19 +290,65 @@ def sha256(data: bytes) -> str:
 
 
 def encode(bundle: Bundle) -> bytes:
-    """The bundle's bytes. Equal contents give equal bytes."""
+    """The bundle's header and payload (with a parameter section, the bytes before it).
+    Equal contents give equal bytes."""
     blobs = {sha: bundle.blobs[sha] for sha in sorted(bundle.blobs)}
-    return framing.pack(_format(), {"meta": bundle.meta(), "blobs": blobs})
+    return framing.pack(_format(bundle.written_version()[1]), {"meta": bundle.meta(), "blobs": blobs})
 
 
-def write_bundle(bundle: Bundle, path: str | Path, check: Callable[[bytes], object] | None = None) -> str:
-    """Write atomically (temp file + rename), after `check(bytes)` (if given) has passed;
-    return the bundle digest."""
-    data = encode(bundle)
-    if check is not None:
-        check(data)
-    framing.write_atomic(path, data, BundleError)
-    return data[HEADER_SIZE - 32 : HEADER_SIZE].hex()
+#: `check(header and payload, file size)`, run on what `write_bundle` wrote before it is published.
+Check = Callable[[bytes, int], object]
+
+
+def write_bundle(bundle: Bundle, path: str | Path, check: Check | None = None) -> str:
+    """Write atomically (temp file + rename), after `check` (if given) has passed; return
+    the bundle digest. Parameters still to be written (`parameter_data`) are streamed
+    into the file's parameter section, one piece at a time."""
+    if not bundle.parameter_data:
+        data = encode(bundle)
+        if check is not None:
+            check(data, len(data))
+        framing.write_atomic(path, data, BundleError)
+        return data[HEADER_SIZE - 32 : HEADER_SIZE].hex()
+    digest: list[str] = []
+
+    def write(f) -> None:
+        final = _write_with_parameters(bundle, f)
+        if check is not None:
+            check(final, f.tell())
+        digest.append(final[HEADER_SIZE - 32 : HEADER_SIZE].hex())
+
+    framing.write_atomic_with(path, write, BundleError)
+    return digest[0]
+
+
+def _write_with_parameters(bundle: Bundle, f) -> bytes:
+    """Write the bundle and its parameter section into `f`; the header and payload written."""
+    placed, size = layout(bundle.parameter_data)
+    records = tuple(replace(k, parameters=placed.get(k.name, ())) for k in bundle.kernels)
+    unknown = sorted(set(placed) - {k.name for k in records})
+    if unknown:
+        raise BundleError(f"parameters for kernel {unknown[0]!r}, which the bundle does not have")
+    chunks = -(-size // CHUNK_BYTES)
+    draft = replace(bundle, kernels=records, parameter_data=())
+    offset = 0
+    for _ in range(4):  # the offset's own encoding can move the section by a boundary, rarely twice
+        section = ParameterSection(offset, size, CHUNK_BYTES, ("0" * 64,) * chunks, "0" * 64)
+        head = encode(replace(draft, parameters=section))
+        if section_offset(len(head)) == offset:
+            break
+        offset = section_offset(len(head))
+    else:
+        raise BundleError("cannot place the parameter section")
+    section = write_section(f, bundle.parameter_data, placed, offset, size)
+    final = encode(replace(draft, parameters=section))
+    if len(final) != len(head):
+        raise BundleError("the bundle header changed size while its parameters were written")
+    f.seek(0)
+    f.write(final)
+    f.write(bytes(offset - len(final)))
+    f.seek(offset + size)
+    return final
 
 
 def read_bundle(path: str | Path, validated: Callable[[str], bool] | None = None) -> Bundle:
@@ -273,30 +356,45 @@ def read_bundle(path: str | Path, validated: Callable[[str], bool] | None = None
 
     `validated(digest)` may say that a payload with this digest already passed
     the schema check (the digest itself is always verified), to skip repeating it.
+    A parameter section is not read: its layout is checked against the file's size, its
+    bytes chunk by chunk when a kernel first uses them (`portkern.jit.parameters`).
     """
-    return decode_file(path, read_bundle_bytes(path), validated)
+    data, size = read_bundle_head(path)
+    return decode_file(path, data, validated, size)
+
+
+def read_bundle_head(path: str | Path) -> tuple[bytes, int]:
+    """A bundle file's header and payload (and the gap before a parameter section), read once
+    and bounded, not yet checked; and the file's size."""
+    return framing.read_head(path, MAGIC, MAX_BUNDLE_BYTES, SECTION_ALIGNMENT, "bundle", BundleError, OversizeFieldError)
 
 
 def read_bundle_bytes(path: str | Path) -> bytes:
-    """A bundle file's bytes, read once and bounded, not yet checked."""
-    return framing.read_bounded(path, MAX_BUNDLE_BYTES, "bundle", BundleError, OversizeFieldError)
+    """`read_bundle_head`'s bytes."""
+    return read_bundle_head(path)[0]
 
 
-def decode_file(path: str | Path, data: bytes, validated: Callable[[str], bool] | None = None) -> Bundle:
-    """`decode`, with errors naming the file the bytes came from."""
+def decode_file(path: str | Path, data: bytes, validated: Callable[[str], bool] | None = None, file_size: int | None = None) -> Bundle:
+    """`decode`, with errors naming the file the bytes came from (its size: `file_size`,
+    default: the file's size now)."""
     try:
-        return decode(data, validated)
+        if file_size is None:
+            try:
+                file_size = Path(path).stat().st_size
+            except OSError as exc:
+                raise BundleError(f"cannot read bundle: {exc.strerror or exc}") from None
+        return decode(data, validated, file_size)
     except BundleError as exc:
         raise type(exc)(f"{path}: {exc}") from None
 
 
-def _format() -> framing.Format:
-    """The bundle file format, with the reader limits as they are now."""
+def _format(minor: int = FORMAT_MINOR) -> framing.Format:
+    """The bundle file format, with the reader limits as they are now (`minor`: the version written)."""
     return framing.Format(
         "bundle",
         MAGIC,
         FORMAT_MAJOR,
-        FORMAT_MINOR,
+        minor,
         truncated=BundleTruncatedError,
         bad_magic=BadMagicError,
         unsupported=UnsupportedVersionError,
@@ -309,20 +407,40 @@ def _format() -> framing.Format:
     )
 
 
-def decode(data: bytes, validated: Callable[[str], bool] | None = None) -> Bundle:
-    """Parse and check bundle bytes (see `read_bundle` for `validated`)."""
-    version, digest, document = framing.unpack(_format(), data)
+def decode(data: bytes, validated: Callable[[str], bool] | None = None, file_size: int | None = None) -> Bundle:
+    """Parse and check bundle bytes: a whole file, or its first bytes (`read_bundle_head`)
+    and the file's size (see `read_bundle` for `validated`)."""
+    version, digest, document, end = framing.unpack_prefix(_format(), data)
+    file_size = len(data) if file_size is None else file_size
     skip = validated is not None and validated(digest)
     meta, blobs = framing.meta_and_blobs(document, "bundle", MalformedBundleError, validate=not skip)
     _check_names(meta)
     _check_blobs(meta, blobs)
-    return Bundle(
-        meta["name"],
-        tuple(KernelRecord.from_dict(k) for k in meta["kernels"]),
-        blobs,
-        digest,
-        version,
-    )
+    kernels = tuple(KernelRecord.from_dict(k) for k in meta["kernels"])
+    section = _check_parameters(meta, version, kernels, data, end, file_size)
+    return Bundle(meta["name"], kernels, blobs, digest, version, section)
+
+
+def _check_parameters(
+    meta: dict, version: tuple[int, int], kernels: tuple[KernelRecord, ...], data: bytes, end: int, file_size: int
+) -> ParameterSection | None:
+    """The parameter section, its layout checked against the records and the file size;
+    None when there is none (then nothing may follow the payload)."""
+    if "parameters" not in meta:
+        if any(k.parameters for k in kernels):
+            raise MalformedBundleError("kernels refer to parameters, but the bundle has no parameter section")
+        if file_size > end:
+            raise MalformedBundleError(f"{file_size - end} unexpected bytes after the payload")
+        return None
+    if version[1] < PARAMETERS_MINOR:
+        raise MalformedBundleError(f"a parameter section needs format 1.{PARAMETERS_MINOR}; the header says {version[0]}.{version[1]}")
+    section = ParameterSection.from_dict(meta["parameters"])
+    check_layout(section, end, {k.name: k.parameters for k in kernels})
+    gap = data[end : section.offset]
+    if len(gap) == section.offset - end and any(gap):
+        raise MalformedBundleError("non-zero bytes between the payload and the parameter section")
+    check_file_size(section, file_size)
+    return section
 
 
 def _check_names(meta: dict) -> None:

@@ -20,7 +20,7 @@ import secrets
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, Callable
 
 import msgpack
 
@@ -60,6 +60,15 @@ def pack(fmt: Format, document: Any) -> bytes:
 
 def unpack(fmt: Format, data: bytes) -> tuple[tuple[int, int], str, Any]:
     """((major, minor), digest hex, decoded payload) of a framed file, or a typed error."""
+    version, digest, document, end = unpack_prefix(fmt, data)
+    if len(data) > end:
+        raise fmt.malformed(f"{len(data) - end} unexpected bytes after the payload")
+    return version, digest, document
+
+
+def unpack_prefix(fmt: Format, data: bytes) -> tuple[tuple[int, int], str, Any, int]:
+    """`unpack` of a file's first bytes, which may go on past the payload: also where the
+    payload ends. The caller decides what may follow it."""
     magic = fmt.magic
     if len(data) < len(magic) or data[: len(magic)] != magic:
         if len(data) < len(magic) and magic.startswith(data):
@@ -73,14 +82,12 @@ def unpack(fmt: Format, data: bytes) -> tuple[tuple[int, int], str, Any]:
             f"{fmt.what} format version {major}.{minor} is not supported "
             f"(this portkern reads {fmt.major}.0 to {fmt.major}.{fmt.minor})"
         )
-    payload = memoryview(data)[HEADER_SIZE:]
+    payload = memoryview(data)[HEADER_SIZE : HEADER_SIZE + length]
     if len(payload) < length:
         raise fmt.truncated(f"truncated: payload has {len(payload)} of {length} bytes")
-    if len(payload) > length:
-        raise fmt.malformed(f"{len(payload) - length} unexpected bytes after the payload")
     if hashlib.sha256(payload).digest() != digest:
         raise fmt.digest(f"{fmt.what} digest does not match its content (corrupted or modified)")
-    return (major, minor), digest.hex(), _decode(fmt, payload)
+    return (major, minor), digest.hex(), _decode(fmt, payload), HEADER_SIZE + length
 
 
 def meta_and_blobs(
@@ -142,13 +149,38 @@ def read_bounded(path: str | Path, limit: int, what: str, error: type[Exception]
     return data
 
 
+def read_head(path: str | Path, magic: bytes, limit: int, round_to: int, what: str, error: type[Exception], oversize: type[Exception]) -> tuple[bytes, int]:
+    """A framed file's header and payload, and the bytes after them up to the next multiple
+    of `round_to` (what follows is the caller's to check), with the file's size. Never reads
+    more than `limit` + 1 bytes; `oversize` if the part to read is larger than `limit`."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(HEADER_SIZE)
+            want = size
+            if len(head) == HEADER_SIZE and head[: len(magic)] == magic:
+                length = HEADER.unpack(head)[3]
+                want = min(size, -(-(HEADER_SIZE + length) // round_to) * round_to)
+            if want > limit:
+                raise oversize(f"{path}: larger than the {limit}-byte {what} limit")
+            return head + f.read(want - len(head)), size
+    except OSError as exc:
+        raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+
+
 def write_atomic(path: str | Path, data: bytes, error: type[Exception]) -> None:
     """Write a file whole or not at all (temp file in the same directory, then rename)."""
+    write_atomic_with(path, lambda f: f.write(data), error)
+
+
+def write_atomic_with(path: str | Path, write: Callable[[BinaryIO], object], error: type[Exception]) -> None:
+    """`write_atomic` of what `write(file)` writes (it may seek)."""
     path = Path(path)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         with open(tmp, "xb") as f:
-            f.write(data)
+            write(f)
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -14,9 +14,12 @@ from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.dtypes import BY_ELEMENT
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_parameters import has_external_data, importer_flags, load_graph, opset_of, parameter_data
+from portkern.portable.parameters import ParameterData, referenced
 from portkern.portable.onnx_limits import check_model
 from portkern.portable.onnx_model import failing_operator
 from portkern.portable.producer import Producer, current_producer
+from portkern.portable.torch_import import import_torch
 
 #: The phase stored as the device-independent stage.
 PORTABLE_PHASE = "flow"
@@ -26,6 +29,9 @@ PORTABLE_PHASE = "flow"
 BUILD_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
 
 ONNX_OPSET = 17
+#: ONNX files this large (at opset ONNX_OPSET or newer) are imported without the importer's
+#: in-memory checker and shape inference, which copy the whole model two or three times.
+LARGE_ONNX_BYTES = 64 << 20
 ONNX_IMPORT_TIMEOUT_S = 600
 
 _TORCH_TENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(\w+)>$")
@@ -41,13 +47,24 @@ class Lowered:
     producer: Producer
     #: The MLIR (text or bytecode) the stage was lowered from: the source, or the ONNX importer's output.
     source: bytes = b""
+    #: Named parameters the stage refers to, with readers of their bytes.
+    parameters: tuple[ParameterData, ...] = ()
 
 
-def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
-    """Lower an `mlir` or `onnx` kernel to the portable (flow) stage."""
-    if spec.kind == "onnx":
+def lower_source(spec: KernelSpec, compiler: Compiler, workdir: Path | None = None) -> Lowered:
+    """Lower an `mlir`, `onnx` or `torch` kernel to the portable (flow) stage (`workdir`: where a
+    PyTorch program's weights wait, until the bundle is written)."""
+    parameters: tuple[ParameterData, ...] = ()
+    if spec.kind == "torch":
+        if workdir is None:
+            raise BuildError(f"{spec.source}: a PyTorch program is built through build_file (it needs a work directory)")
+        text, parameters = import_torch(spec.source, spec.name, workdir)
+    elif spec.kind == "onnx":
         check_model(spec.source.read_bytes(), str(spec.source))
-        text = import_onnx(spec.source)
+        model = load_graph(spec.source)
+        large = has_external_data(model) or (spec.source.stat().st_size >= LARGE_ONNX_BYTES and opset_of(model) >= ONNX_OPSET)
+        text = import_onnx(spec.source, large=large)
+        parameters = parameter_data(model, spec.source, spec.name, referenced(text))
     else:
         text = spec.source.read_bytes()
     try:
@@ -61,20 +78,25 @@ def lower_source(spec: KernelSpec, compiler: Compiler) -> Lowered:
         op = failing_operator(text, message) if spec.kind == "onnx" else None
         raise BuildError(f"{spec.source}: {f'IREE cannot compile ONNX operator {op}: ' if op else ''}{message}") from None
     data = bytecode(lowered)
-    return Lowered(entry, signature, data, current_producer(bytecode_version(data)), text)
+    return Lowered(entry, signature, data, current_producer(bytecode_version(data)), text, parameters)
 
 
-def import_onnx(path: Path) -> bytes:
-    """MLIR text for an ONNX model, from IREE's ONNX importer (run as its own process).
+def import_onnx(path: Path, large: bool = False) -> bytes:
+    """MLIR text for an ONNX model, from IREE's ONNX importer (run as its own process), with
+    its large initializers as parameter references (`portable.onnx_parameters`).
 
     Models older than opset 17 are upgraded first; when the upgrade itself fails
-    (it does for some Pad models), the model is imported as it is.
+    (it does for some Pad models), the model is imported as it is. A model with
+    external data, or a large one (`large`), is imported as it is, without loading its
+    external weights and without in-memory copies of the model.
     """
     errors = []
-    for opset in ([f"--opset-version={ONNX_OPSET}"], []):
+    attempts = ([], ) if large else ([f"--opset-version={ONNX_OPSET}"], [])
+    for opset in attempts:
         with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
             out = Path(tmp) / "model.mlir"
-            cmd = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(path), *opset, "-o", str(out)]
+            extra = ["--large-model"] if large else []
+            cmd = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(path), *opset, *extra, *importer_flags(), "-o", str(out)]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True, timeout=ONNX_IMPORT_TIMEOUT_S)
             except subprocess.TimeoutExpired:

@@ -13,7 +13,7 @@ from portkern.portable.framing import read_bounded
 from portkern.schemas import validator
 
 #: Source suffix -> kernel kind, for kernels whose manifest entry names no kind.
-KIND_BY_SUFFIX = {".mlir": "mlir", ".mlirbc": "mlir", ".onnx": "onnx", ".cl": "opencl", ".spv": "spirv"}
+KIND_BY_SUFFIX = {".mlir": "mlir", ".mlirbc": "mlir", ".onnx": "onnx", ".pt2": "torch", ".cl": "opencl", ".spv": "spirv"}
 
 MAX_MANIFEST_BYTES = 1 << 20
 

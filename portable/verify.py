@@ -22,8 +22,10 @@ def check_kernels(bundle: Bundle) -> None:
                 check_release(stage.producer, record.name)
 
 
-def read_back(data: bytes) -> Bundle:
-    """Bundle bytes read exactly as `portkern.load` reads a file (every rule of docs/bundle-format.md)."""
-    bundle = decode(data)
+def read_back(data: bytes, file_size: int | None = None) -> Bundle:
+    """Bundle bytes read exactly as `portkern.load` reads a file (every rule of docs/bundle-format.md):
+    a whole file, or its header and payload and the size of the file they start
+    (the parameter section's layout is checked; its digests were made as it was written)."""
+    bundle = decode(data, file_size=file_size)
     check_kernels(bundle)
     return bundle

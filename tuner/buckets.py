@@ -155,7 +155,7 @@ def _tune_bucket(loaded, record, target, strategy, values, label, tools, retune,
             bucket_compile_s = time.perf_counter() - started
         except PortkernError as exc:
             note = f"the tuned config does not fit the dynamic module ({' '.join(str(exc).split())[:300]}); "
-    bench = Bench(record.entry, target.driver, make_inputs(special.signature))
+    bench = Bench(record.entry, target.driver, make_inputs(special.signature), loaded.parameters_for(record))
     timings = [t.min_s for t in bench.interleaved([bench.load(v) for v in vmfbs])]
     dynamic_s, special_s = timings[0], timings[1]
     bucket_s = timings[2] if len(timings) > 2 else None

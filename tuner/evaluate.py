@@ -43,15 +43,19 @@ class Candidates(Protocol):
 class IreeCandidates:
     """Configs of an IREE kernel: stamped on its configured module and compiled to a vmfb."""
 
-    def __init__(self, target: Target, name: str, source: Source, entry: str, signature: Signature, seed: int = 0) -> None:
+    def __init__(
+        self, target: Target, name: str, source: Source, entry: str, signature: Signature, seed: int = 0, parameters=None
+    ) -> None:
         self.target, self.name, self.source, self.entry = target, name, source, entry
         self.inputs = make_inputs(signature, seed)
+        #: The kernel's parameters (candidates are compiled without them and run with them).
+        self.parameters = parameters
 
     def job(self, id: int, config: str) -> Job:
         return Job.compile(id, self.name, self.target, self.source, config)
 
     def bench(self, driver: str) -> Bench:
-        return Bench(self.entry, driver, self.inputs)
+        return Bench(self.entry, driver, self.inputs, self.parameters)
 
     def digest(self, config: str, code: bytes) -> str:
         return hashlib.sha256(code).hexdigest()

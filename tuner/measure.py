@@ -128,10 +128,12 @@ def time_calls(call: Callable[[], object], warmup: int = WARMUP, runs: int = RUN
 class Bench:
     """Candidates of one kernel, loaded on one runtime driver with the inputs uploaded once."""
 
-    def __init__(self, entry: str, driver: str, inputs: Sequence[np.ndarray]) -> None:
+    def __init__(self, entry: str, driver: str, inputs: Sequence[np.ndarray], parameters=None) -> None:
         self.entry = entry
         self.driver = driver
         self.inputs = list(inputs)
+        #: The kernel's parameters, if it reads any (`portkern.jit.parameters.KernelParameters`).
+        self.parameters = parameters
         self._device_inputs: list | None = None
 
     def load(self, vmfb: bytes, config: str = "default"):
@@ -139,7 +141,7 @@ class Bench:
         it was compiled with matters only to kernels whose code does not say it (OpenCL points)."""
         from portkern.jit.runtime import Executable
 
-        executable = Executable(vmfb, self.entry, self.driver)
+        executable = Executable(vmfb, self.entry, self.driver, self.parameters)
         if self._device_inputs is None:
             self._device_inputs = executable.upload(self.inputs)
         return executable

@@ -152,7 +152,9 @@ class _Run:
             self.found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
             code = analysed.configured
             source = Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE)
-            candidates = IreeCandidates(target, record.name, source, record.entry, record.signature)
+            candidates = IreeCandidates(
+                target, record.name, source, record.entry, record.signature, parameters=natives.parameters_for(record)
+            )
         self.evaluator = Evaluator(tuner.pool, target, record.name, candidates, target.driver)
 
     def execute(self) -> TuneResult:

@@ -17,6 +17,7 @@ from typing import Sequence
 from portkern.errors import PortkernError
 from portkern.jit import finalize
 from portkern.tuner import analysis, registry
+from portkern.portable.bundle import IREE_KINDS
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.results import DispatchResult
 
@@ -101,7 +102,7 @@ def sweep_spaces(loaded, target, threads: int) -> list[Outcome]:
     outcomes = []
     for name in loaded.names():
         record = loaded.record(name)
-        if record.kind not in ("mlir", "onnx"):
+        if record.kind not in IREE_KINDS:
             continue
         try:
             found = analysis.dispatches(finalize.configure(loaded.bundle, record, target))

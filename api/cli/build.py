@@ -117,13 +117,12 @@ def code_kind(device: dict, config: str) -> str:
 
 def describe(path: Path) -> Report:
     """A bundle's kernels, stages, native slices, producers, digest and signature."""
-    from portkern.portable.bundle import decode_file, read_bundle_bytes
+    from portkern.portable.bundle import IREE_KINDS, decode_file, read_bundle_head
     from portkern.signing import from_env, verify_file
 
-    raw = read_bundle_bytes(path)
-    bundle = decode_file(path, raw)
-    size = len(raw)
-    verdict = verify_file(path, raw, from_env().trusted)
+    raw, size = read_bundle_head(path)
+    bundle = decode_file(path, raw, file_size=size)
+    verdict = verify_file(path, raw if bundle.parameters is None else None, from_env().trusted)
     data = {
         "json_format": JSON_FORMAT,
         "path": str(path),
@@ -138,14 +137,16 @@ def describe(path: Path) -> Report:
                 "entry": k.entry,
                 "signature": k.signature.to_dict(),
                 "signature_text": str(k.signature),
-                "contract_text": k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch description",
+                "contract_text": k.signature.contract_text if k.kind in IREE_KINDS else "launch description",
                 "stages": [s.to_dict() for s in k.stages],
                 "native": [{**n.to_dict(), "serves": serves(n.device)} for n in k.native],
                 "launch": dict(k.launch),
+                "parameters": {"count": len(k.parameters), "bytes": sum(p.size for p in k.parameters)},
             }
             for k in bundle.kernels
         ],
         "signature": verdict.to_dict(),
+        "parameters": bundle.parameters.to_dict() if bundle.parameters is not None else None,
     }
 
     def render(out):
@@ -158,9 +159,10 @@ def describe(path: Path) -> Report:
                 f"{s.family}/{s.phase}{' (placeholder)' if s.placeholder else ''} {human_size(s.size)}" for s in k.stages
             ) if len(k.stages) <= 4 else f"{len(k.stages)} stages ({human_size(sum(s.size for s in k.stages))})"
             native = ", ".join(f"{n.target} {human_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
-            contract = k.signature.contract_text if k.kind in ("mlir", "onnx") else "launch (below)"
-            rows.append([k.name, k.kind, k.entry, str(k.signature), contract, stages, native])
-        out.print(table(None, ["kernel", "kind", "entry", "signature", "shape contract", "stages", "prebuilt"], rows))
+            contract = k.signature.contract_text if k.kind in IREE_KINDS else "launch (below)"
+            weights = f"{len(k.parameters)}, {human_size(sum(p.size for p in k.parameters))}" if k.parameters else "-"
+            rows.append([k.name, k.kind, k.entry, str(k.signature), contract, stages, native, weights])
+        out.print(table(None, ["kernel", "kind", "entry", "signature", "shape contract", "stages", "prebuilt", "parameters"], rows))
         producers = sorted({f"{s.producer.compiler} {s.producer.version}" + (
             f" (bytecode v{s.producer.bytecode_version})" if s.producer.bytecode_version is not None else "")
             for k in bundle.kernels for s in k.stages})

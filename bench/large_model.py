@@ -1,0 +1,208 @@
+"""Large models: weights as parameters, mapped from the bundle, across model sizes, in one run.
+
+    python bench/large_model.py [--sizes 75M,1G,5G] [--workdir DIR] [--keep] [--json]    (default sizes: 75M,1G)
+
+Per size, an MLP-style ONNX model is generated (`portkern.examples.large_mlp`; 5G and up
+with its weights in an ONNX external data file, smaller ones inline) and then, each step
+in a fresh child process:
+    build: `portkern build` (peak memory of the build and its importer child, from getrusage);
+    cold:  empty cache; load + kernel() (checks the parameter chunks, finalises) + first call;
+    warm:  the cache filled by cold; load + kernel() + first call (nothing hashed, nothing compiled).
+It prints the bundle size against the weights, the cache entry against the weights, cold
+finalisation time, the chunk check, the warm first result, build peak memory against the
+largest tensor, and the largest difference from NumPy (computed layer by layer here).
+Needs disk for the model and its bundle (about 2x the weights) under --workdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+
+from portkern.examples.large_mlp import reference, weight_bytes, write_mlp
+
+BATCH = 8
+SEED = 0
+#: Layer widths per size label: weights of about 75 MB, 1 GB and 5 GB (largest tensors 32, 256, 1024 MiB).
+SIZES = {
+    "1M": (256, 512, 256, 256),
+    "75M": (4096, 2048, 2048, 2048, 1024),
+    "1G": (8192,) * 5,
+    "5G": (16384,) * 6,
+}
+#: Sizes at or above this many weight bytes are written with ONNX external data.
+EXTERNAL_FROM = 2 << 30
+
+CHILD_RUN = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    import portkern
+    from portkern.cache.store import default_store
+    from portkern.jit.runtime import runtime_config
+    import portkern.jit.loader
+    runtime_config("local-task")
+    store = default_store()
+    path, batch, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    x = np.random.default_rng(1).standard_normal((batch, width), dtype=np.float32)
+    start = time.perf_counter()
+    loaded = portkern.load(path)
+    opened = time.perf_counter()
+    record = loaded.record("mlp")
+    loaded.parameters_for(record)
+    checked = time.perf_counter()
+    kernel = loaded.kernel("mlp")
+    ready = time.perf_counter()
+    y = kernel(x)
+    done = time.perf_counter()
+    kernel(x)
+    again = time.perf_counter() - done
+    np.save(sys.argv[4], y)
+    entries = [e.size for e in store.entries()]
+    print(json.dumps({"open_s": opened - start, "check_s": checked - opened, "kernel_s": ready - checked, "call_s": done - ready,
+                      "first_result_s": done - start, "ready_s": ready - start, "next_call_s": again, "origin": kernel.origin, "finalize_s": kernel.native.finalize_s,
+                      "entry_bytes": max(entries) if entries else 0}))
+    """
+)
+
+CHILD_BUILD = textwrap.dedent(
+    """
+    import json, resource, subprocess, sys, time
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "portkern", "build", sys.argv[1], "-o", sys.argv[2]], capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if done.returncode:
+        sys.exit(done.stderr)
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"build_s": elapsed, "peak_bytes": peak_kib * 1024}))
+    """
+)
+
+
+def child(code: str, *args: str, env: dict | None = None) -> dict:
+    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise SystemExit(f"child failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def fixed_build_memory(workdir: Path) -> int:
+    """Peak memory of building a model of 1.3 MiB: what a build costs whatever the weights
+    (Python, the IREE compiler's libraries, the ONNX importer)."""
+    where = workdir / "fixed"
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    write_mlp(where / "m.onnx", SIZES["1M"], BATCH, SEED)
+    (where / "manifest.yaml").write_text("bundle: fixed\nkernels:\n  - name: mlp\n    source: m.onnx\n")
+    peak = child(CHILD_BUILD, str(where / "manifest.yaml"), str(where / "m.pkb"))["peak_bytes"]
+    shutil.rmtree(where, ignore_errors=True)
+    return peak
+
+
+def run_size(label: str, workdir: Path, keep: bool, fixed: int) -> dict:
+    widths = SIZES[label]
+    where = workdir / label
+    shutil.rmtree(where, ignore_errors=True)
+    where.mkdir(parents=True)
+    weights = weight_bytes(widths)
+    external = weights >= EXTERNAL_FROM
+    largest = max(widths[i] * widths[i + 1] * 4 for i in range(len(widths) - 1))
+    started = time.perf_counter()
+    write_mlp(where / "m.onnx", widths, BATCH, SEED, external)
+    generate_s = time.perf_counter() - started
+    (where / "manifest.yaml").write_text("bundle: large\nkernels:\n  - name: mlp\n    source: m.onnx\n")
+    build = child(CHILD_BUILD, str(where / "manifest.yaml"), str(where / "m.pkb"))
+    if not keep:
+        for name in ("m.onnx", "m.onnx.data"):
+            (where / name).unlink(missing_ok=True)
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(where / "cache")}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    args = (str(where / "m.pkb"), str(BATCH), str(widths[0]))
+    cold = child(CHILD_RUN, *args, str(where / "cold.npy"), env=env)
+    warm = child(CHILD_RUN, *args, str(where / "warm.npy"), env=env)
+    x = np.random.default_rng(1).standard_normal((BATCH, widths[0]), dtype=np.float32)
+    expected = reference(x, widths, SEED)
+    error = max(float(np.max(np.abs(np.load(where / f"{run}.npy") - expected) / (1 + np.abs(expected)))) for run in ("cold", "warm"))
+    bundle_bytes = (where / "m.pkb").stat().st_size
+    result = {
+        "size": label,
+        "weights_bytes": weights,
+        "external_data": external,
+        "largest_tensor_bytes": largest,
+        "generate_s": generate_s,
+        "build_s": build["build_s"],
+        "build_peak_bytes": build["peak_bytes"],
+        "build_peak_over_largest": build["peak_bytes"] / largest,
+        "build_fixed_bytes": fixed,
+        "build_extra_over_largest": max(0, build["peak_bytes"] - fixed) / largest,
+        "bundle_bytes": bundle_bytes,
+        "bundle_over_weights": bundle_bytes / weights,
+        "cache_entry_bytes": cold["entry_bytes"],
+        "entry_over_weights": cold["entry_bytes"] / weights,
+        "cold_finalize_s": cold["finalize_s"],
+        "cold_check_s": cold["check_s"],
+        "cold_first_result_s": cold["first_result_s"],
+        "warm_origin": warm["origin"],
+        "warm_check_s": warm["check_s"],
+        "warm_first_result_s": warm["first_result_s"],
+        "warm_ready_s": warm["ready_s"],
+        "warm_next_call_s": warm["next_call_s"],
+        "max_rel_error": error,
+    }
+    if not keep:
+        shutil.rmtree(where, ignore_errors=True)
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="75M,1G", help=f"comma-separated, of {', '.join(SIZES)} (5G: about 11 GB of disk)")
+    parser.add_argument("--workdir", type=Path, default=None, help="where models, bundles and caches go (default: a temp dir)")
+    parser.add_argument("--keep", action="store_true", help="keep models, bundles and caches")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="portkern-large-"))
+    results = []
+    try:
+        fixed = fixed_build_memory(workdir)
+        for label in args.sizes.split(","):
+            results.append(run_size(label.strip(), workdir, args.keep, fixed))
+            if not args.json:
+                print_row(results[-1])
+    finally:
+        if not args.keep and args.workdir is None:
+            shutil.rmtree(workdir, ignore_errors=True)
+    finals = [r["cold_finalize_s"] for r in results]
+    summary = {"results": results, "finalize_spread": max(finals) / min(finals) - 1 if finals else 0.0}
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"cold finalisation spread across sizes: {summary['finalize_spread']:.0%}")
+
+
+def print_row(r: dict) -> None:
+    mb = 1 << 20
+    print(
+        f"{r['size']:>4}: weights {r['weights_bytes'] / mb:8.1f} MiB{' (external data)' if r['external_data'] else ''}; "
+        f"bundle/weights {r['bundle_over_weights']:.4f}; cache entry {r['cache_entry_bytes'] / 1024:.1f} KiB "
+        f"({r['entry_over_weights']:.5%} of weights); build {r['build_s']:.1f} s, peak {r['build_peak_bytes'] / mb:.0f} MiB "
+        f"= {r['build_peak_over_largest']:.2f}x largest tensor (above the {r['build_fixed_bytes'] / mb:.0f} MiB of a 1 MiB model's "
+        f"build: {r['build_extra_over_largest']:.2f}x); cold: finalise {r['cold_finalize_s']:.2f} s, "
+        f"chunk check {r['cold_check_s']:.2f} s, first result {r['cold_first_result_s']:.2f} s; warm ({r['warm_origin']}): "
+        f"check {r['warm_check_s'] * 1000:.1f} ms, callable after {r['warm_ready_s']:.3f} s, first result {r['warm_first_result_s']:.3f} s "
+        f"(a second call: {r['warm_next_call_s']:.3f} s); max rel. error vs NumPy {r['max_rel_error']:.1e}"
+    )
+
+
+if __name__ == "__main__":
+    main()

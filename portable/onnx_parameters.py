@@ -1,0 +1,107 @@
+"""ONNX initializers as named parameters: which ones, and readers of their bytes.
+
+IREE's ONNX importer, run with `--externalize-params --no-save-params`, replaces every
+initializer of at least `ELEMENTS_THRESHOLD` elements by a global that refers to it as
+`#stream.parameter.named<"model"::"<name>">`; smaller ones (shape and axis constants,
+scalars, short vectors) stay in the code, where the compiler folds them. The bytes of each
+referenced initializer are then read here, straight from the model file or from its
+external data file, piece by piece, so that the builder never holds the whole model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from portkern.errors import BuildError
+from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, bytes_pieces, file_pieces
+
+#: Initializers with at least this many elements become parameters (1 KiB of float32).
+ELEMENTS_THRESHOLD = 256
+
+
+
+def importer_flags(threshold: int = ELEMENTS_THRESHOLD) -> list[str]:
+    """The importer's flags that turn large initializers into parameter references."""
+    return ["--externalize-params", "--no-save-params", f"--num-elements-threshold={threshold}", f"--params-scope={DEFAULT_SCOPE}"]
+
+
+def load_graph(path: Path) -> Any:
+    """The ONNX model without its external data (BuildError if it cannot be read)."""
+    try:
+        import onnx
+    except ImportError:
+        raise BuildError(f"{path}: ONNX import needs the 'onnx' package (pip install 'portkern[onnx]')") from None
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises several unrelated types
+        raise BuildError(f"{path}: ONNX import failed: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+
+
+def opset_of(model: Any) -> int:
+    """The model's default-domain opset version (0 when it states none)."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def has_external_data(model: Any) -> bool:
+    """Whether any initializer keeps its bytes in an external data file."""
+    from onnx.external_data_helper import uses_external_data
+
+    return any(uses_external_data(t) for t in model.graph.initializer)
+
+
+def sanitized(name: str) -> str:
+    """An initializer's name as the importer writes it in a parameter reference."""
+    return name.replace(":", "_")
+
+
+def parameter_data(model: Any, path: Path, kernel: str, references: list[tuple[str, str]]) -> tuple[ParameterData, ...]:
+    """Readers of the referenced initializers' bytes, in reference order."""
+    from onnx import helper
+
+    by_name = {sanitized(t.name): t for t in model.graph.initializer if t.name}
+    data = []
+    for scope, name in references:
+        tensor = by_name.get(name)
+        if tensor is None:
+            raise BuildError(f"{path}: the imported model refers to parameter {name!r}, which is not an initializer")
+        try:
+            itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except Exception:
+            raise BuildError(f"{path}: initializer {tensor.name!r} has ONNX type {tensor.data_type}, which cannot be a parameter") from None
+        count = 1
+        for dim in tensor.dims:
+            count *= dim
+        size = count * itemsize
+        data.append(ParameterData(kernel, scope, name, size, _reader(tensor, path, size)))
+    return tuple(data)
+
+
+def _reader(tensor: Any, path: Path, size: int):
+    from onnx import numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    if uses_external_data(tensor):
+        info = {entry.key: entry.value for entry in tensor.external_data}
+        base = path.parent.resolve()
+        location = (base / info.get("location", "")).resolve()
+        if base not in location.parents:
+            raise BuildError(f"{path}: initializer {tensor.name!r} has external data outside the model's folder ({info.get('location')!r})")
+        offset = int(info.get("offset", 0))
+        try:
+            available = location.stat().st_size - offset
+        except OSError as exc:
+            raise BuildError(f"{path}: external data of {tensor.name!r}: {exc.strerror or exc}") from None
+        length = int(info.get("length", available))
+        if length != size or available < size:
+            raise BuildError(f"{path}: external data of {tensor.name!r} has {min(length, available)} bytes, its shape needs {size}")
+        return file_pieces(location, offset, size)
+    # The bytes are taken from the model only when written: a copy of one tensor at a time.
+    if tensor.HasField("raw_data"):
+        return lambda: bytes_pieces(tensor.raw_data)()
+
+    def typed():
+        array = numpy_helper.to_array(tensor)
+        return bytes_pieces(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())()
+
+    return typed

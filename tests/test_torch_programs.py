@@ -1,0 +1,102 @@
+"""`kind: torch`: a `.pt2` program built with its weights as parameters, loaded and run without torch."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="PyTorch programs need the 'torch' package (pip install 'portkern[torch]')")
+pytest.importorskip("iree.turbine", reason="PyTorch programs need 'iree-turbine' on the build host (pip install 'portkern[torch]')")
+
+import portkern  # noqa: E402
+from portkern.portable.builder import build_file  # noqa: E402
+
+RTOL = ATOL = 1e-4
+
+
+class Block(torch.nn.Module):
+    """A small residual MLP block with layer norm and GELU."""
+
+    def __init__(self, width: int = 64, hidden: int = 256) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, hidden)
+        self.down = torch.nn.Linear(hidden, width)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    where = tmp_path_factory.mktemp("torch")
+    torch.manual_seed(0)
+    model = Block().eval()
+    batch = torch.export.Dim("batch", max=1024)
+    exported = torch.export.export(model, (torch.randn(8, 64),), dynamic_shapes=({0: batch},))
+    torch.export.save(exported, str(where / "block.pt2"))
+    (where / "manifest.yaml").write_text("bundle: torchy\nkernels:\n  - name: block\n    source: block.pt2\n")
+    build_file(where / "manifest.yaml", where / "block.pkb")
+    return where / "block.pkb", model
+
+
+def test_a_pt2_program_builds_with_its_weights_as_parameters(program, store):
+    path, model = program
+    loaded = portkern.load(path, store=store)
+    record = loaded.record("block")
+    assert record.kind == "torch" and record.signature.inputs[0].shape == (None, 64)
+    names = {p.name for p in record.parameters}
+    assert names == set(model.state_dict())
+    assert sum(p.size for p in record.parameters) == sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    for rows in (3, 8, 100):  # the dynamic batch dimension was kept
+        x = torch.randn(rows, 64)
+        with torch.no_grad():
+            expected = model(x)
+        out = loaded.kernel("block")(x)
+        assert isinstance(out, torch.Tensor)
+        np.testing.assert_allclose(out.numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)
+
+
+def test_the_device_needs_no_torch(program, tmp_path):
+    path, model = program
+    x = np.random.default_rng(0).standard_normal((4, 64), dtype=np.float32)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(x)).numpy()
+    np.save(tmp_path / "x.npy", x)
+    code = textwrap.dedent(
+        f"""
+        import sys
+        import numpy as np
+        sys.modules["torch"] = None  # importing torch would fail
+        import portkern
+        y = portkern.load({str(path)!r}).kernel("block")(np.load({str(tmp_path / "x.npy")!r}))
+        np.save({str(tmp_path / "y.npy")!r}, y)
+        """
+    )
+    env = {"PORTKERN_CACHE_DIR": str(tmp_path / "cache")}
+    import os
+
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+    assert done.returncode == 0, done.stderr[-2000:]
+    np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=RTOL, atol=ATOL)
+
+
+def test_a_transformer_layer_tunes_every_dispatch_or_says_why_not(tmp_path, store):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(32, 2, dim_feedforward=64, batch_first=True).eval()
+    x = torch.randn(2, 16, 32)
+    with torch.no_grad():
+        torch.export.save(torch.export.export(layer, (x,)), str(tmp_path / "layer.pt2"))
+        expected = layer(x)
+    (tmp_path / "manifest.yaml").write_text("bundle: layer\nkernels:\n  - name: layer\n    source: layer.pt2\n")
+    build_file(tmp_path / "manifest.yaml", tmp_path / "layer.pkb")
+    kernel = portkern.load(tmp_path / "layer.pkb", store=store).kernel("layer", tune="quick")
+    dispatches = kernel.tuning.dispatches
+    assert any("attention" in d.name for d in dispatches)
+    assert all(d.source in ("search", "db") or d.note for d in dispatches)  # searched, or a stated reason
+    np.testing.assert_allclose(kernel(x).numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)
