@@ -53,6 +53,7 @@ RULES = (
         lambda u: u.attr("ceil_mode", 0) == 1 and u.attr("count_include_pad", 0) == 1 and any(d != 1 for d in u.attr("dilations", ()) or ()),
         "with ceil_mode=1, count_include_pad=1 and dilations, IREE averages the last windows over the wrong count",
     ),
+    Rule("Det", lambda u: True, "IREE's determinant gives NaN where a leading element of the elimination is 0 (it does not pivot)"),
     Rule(
         "Gelu",
         lambda u: u.attr("approximate", "none") == "tanh",

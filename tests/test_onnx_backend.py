@@ -285,3 +285,15 @@ def test_grid_sample_zero_padding_is_refused_as_onnx_reference_samples_zeros_out
     np.testing.assert_array_equal(reference, np.zeros((1, 1, 1, 2), np.float32))
     with pytest.raises(BuildError, match=r"GridSample.*padding_mode='zeros'"):
         backend.prepare(m)
+
+
+def test_det_is_refused_as_iree_does_not_pivot():
+    """IREE 3.13's Det gives NaN for [[0, 1], [2, 3]] (test_det_2d; IREE directly too), whose
+    determinant is -2 by onnx's reference: refused at build."""
+    from onnx.reference import ReferenceEvaluator
+
+    m = model([helper.make_node("Det", ["x"], ["y"])], [tensor("x", TensorProto.FLOAT, [2, 2])], [tensor("y", TensorProto.FLOAT, [])])
+    (reference,) = ReferenceEvaluator(m).run(None, {"x": np.arange(4, dtype=np.float32).reshape(2, 2)})
+    np.testing.assert_allclose(reference, -2.0, rtol=1e-6)
+    with pytest.raises(BuildError, match=r"Det.*pivot"):
+        backend.prepare(m)
