@@ -8,10 +8,6 @@ finalised for the device (cached, tuned on request) and run, exactly as `portker
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -22,13 +18,12 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from portkern import errors
-from portkern.errors import ArgumentTypeError, BuildError, DeviceError, DispatchTuningError, FinalizeError, PortkernError, brief
+from portkern.errors import ArgumentTypeError, BuildError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
 from portkern.jit.loader import Kernel, load
+from portkern.jit.workers import Job, shared_pool
 from portkern.portable.onnx_model import as_kernel, graph_inputs, kernel_name, operators
 from portkern.cache.store import Store
 
-#: How the command line reports a warning.
-WARNING = "portkern: warning: "
 #: How long building one model may take.
 BUILD_TIMEOUT_S = 1800
 #: ONNX device types -> portkern device specs.
@@ -107,30 +102,22 @@ class PortkernBackend(Backend):
 
 
 def build_isolated(manifest: Path, output: Path, what: str, source: str) -> None:
-    """`portkern build` in a child process: the IREE compiler lowers the model there, so that a
-    compiler crash is a BuildError, not the end of the caller's process."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "portkern", "build", str(manifest), "-o", str(output), "--json"],
-            capture_output=True, text=True, timeout=BUILD_TIMEOUT_S,
-        )
-    except subprocess.TimeoutExpired:
-        raise BuildError(f"{what}: building it took longer than {BUILD_TIMEOUT_S} s") from None
-    for line in done.stderr.splitlines():
-        if line.startswith(WARNING):
-            warnings.warn(line.removeprefix(WARNING).replace(source, what), stacklevel=3)
-    if done.returncode == 0:
+    """`portkern build` in a worker of the shared pool (kept alive between models): the IREE
+    compiler lowers the model there, so that a compiler crash is a BuildError, not the end of the
+    caller's process."""
+    result = shared_pool().run([Job.build(0, what, str(manifest), str(output), BUILD_TIMEOUT_S)])[0]
+    for note in result.data.get("warnings") or ():
+        warnings.warn(str(note).replace(source, what), stacklevel=3)
+    if result.ok:
         return
-    if done.returncode < 0:
-        raise BuildError(f"{what}: the IREE compiler crashed ({signal.Signals(-done.returncode).name}) building it")
-    try:
-        report = json.loads(done.stdout.strip().splitlines()[-1])
-        kind, message = getattr(errors, report["error"]), report["message"]
-    except (ValueError, IndexError, KeyError, TypeError, AttributeError):
-        kind, message = BuildError, brief(done.stderr, last=True) or f"exit status {done.returncode}"
+    if result.status == "timeout":
+        raise BuildError(f"{what}: building it took longer than {BUILD_TIMEOUT_S} s")
+    if result.status in ("crash", "oom"):
+        raise BuildError(f"{what}: the IREE compiler crashed building it ({result.error})")
+    kind = getattr(errors, result.error_type, None) if result.error_type else None
     if not (isinstance(kind, type) and issubclass(kind, PortkernError)) or kind is DispatchTuningError:
         kind = BuildError
-    raise kind(message.replace(source, what))
+    raise kind(result.error.replace(source, what))
 
 
 def device_spec(device: str) -> str:

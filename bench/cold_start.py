@@ -18,7 +18,11 @@ checking it, its schema check memoised in the cache).
 - exact code after `wait()` against a direct finalisation in the same process (the same
   bytes are expected; their call times are interleaved too).
 
-Figures are medians over --repeat processes per kernel.
+Figures are medians over --repeat processes per kernel. Then what prebuilding costs on
+this (build) host per ISA level, the AArch64 levels cross-compiled beside the x86-64
+ones: seconds for all kernels of the bundle (median of --repeat passes, the levels taken in
+turn within each pass) and the median size of a kernel's code (`--no-prebuild-costs`
+leaves this out).
 """
 
 from __future__ import annotations
@@ -32,11 +36,15 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 from gemms import manifest_lines, write_gemms
 
 from portkern.cli.main import main as portkern_main
+from portkern.jit import aarch64, devices
+from portkern.jit.prebuild import prebuild
+from portkern.portable.bundle import read_bundle
 
 LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
 
@@ -116,6 +124,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--calls", type=int, default=50, help="calls per code when timing calls")
     parser.add_argument("--seed", type=int, default=7, help="seeds the kernels' sizes (the examples use seed-free fixed sizes)")
+    parser.add_argument("--no-prebuild-costs", dest="prebuild_costs", action="store_false",
+                        help="leave out the build-host cost of each ISA level's prebuild")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if platform.machine().lower() not in ("x86_64", "amd64"):
@@ -123,8 +133,32 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="portkern-bench-cold-") as tmp:
         rows = measure(Path(tmp), args)
-    report(rows, args)
+        costs = prebuild_costs(Path(tmp) / "held-out.pkb", args.repeat) if args.prebuild_costs else []
+    report(rows, costs, args)
     return 0
+
+
+def prebuild_costs(bundle_path: Path, passes: int) -> list[dict]:
+    """Per ISA level (x86-64 and AArch64): time to prebuild every kernel of the bundle, code sizes."""
+    bundle = read_bundle(bundle_path)
+    targets = [devices.resolve(f"cpu:{level}") for level in (*LEVELS, *aarch64.LEVELS)]  # probes not timed
+    times: dict[str, list[float]] = {target.label: [] for target in targets}
+    built = {}
+    for _ in range(max(1, passes)):
+        for target in targets:
+            start = time.perf_counter()
+            built[target.label] = prebuild(bundle, [target])
+            times[target.label].append(time.perf_counter() - start)
+    rows = []
+    for target in targets:
+        done = built[target.label]
+        sizes = [n.size for record in done.bundle.kernels for n in record.native if n.target == target.label]
+        rows.append({
+            "level": target.fingerprint.arch, "isa": target.fingerprint.property("triple").split("-")[0], "kernels": len(sizes),
+            "failures": [f"{f.kernel}: {f.error}" for f in done.failures], "build_s": statistics.median(times[target.label]),
+            "median_size": statistics.median(sizes) if sizes else 0,
+        })
+    return rows
 
 
 def measure(root: Path, args: argparse.Namespace) -> list[dict]:
@@ -167,9 +201,9 @@ def measure(root: Path, args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-def report(rows: list[dict], args: argparse.Namespace) -> None:
+def report(rows: list[dict], costs: list[dict], args: argparse.Namespace) -> None:
     if args.json:
-        json.dump({"repeat": args.repeat, "calls": args.calls, "kernels": rows}, sys.stdout, indent=2)
+        json.dump({"repeat": args.repeat, "calls": args.calls, "kernels": rows, "prebuild": costs}, sys.stdout, indent=2)
         print()
         return
     print(f"cold start, fresh process and cache per run, median of {args.repeat}; apart: probe of this CPU "
@@ -185,6 +219,15 @@ def report(rows: list[dict], args: argparse.Namespace) -> None:
         print(f"{r['kernel']:<8} {'x'.join(map(str, r['shape'])):<12} {r['served']:<12} {r['first_baseline_s'] * 1e3:>10.1f} ms "
               f"{r['first_source_s'] * 1e3:>9.1f} ms {r['first_ratio']:>6.3f}  {r['baseline_call_ms']:>11.3f} ms {r['exact_call_ms']:>5.3f} ms "
               f"{r['direct_call_ms']:>5.3f} ms {r['exact_over_direct']:>12.3f}  {checks}")
+    if not costs:
+        return
+    reference = next(c for c in costs if c["level"] == LEVELS[0])
+    print(f"\nprebuild on this host, {len(rows)} kernels per level, median of {max(1, args.repeat)} passes (ratio: to {LEVELS[0]})")
+    print(f"{'level':<12} {'ISA':<8} {'build':>9} {'ratio':>6} {'median size':>12}  failures")
+    for c in costs:
+        failed = "; ".join(c["failures"]) or "none"
+        print(f"{c['level']:<12} {c['isa']:<8} {c['build_s']:>7.2f} s {c['build_s'] / reference['build_s']:>6.2f} "
+              f"{c['median_size'] / 1024:>8.1f} KiB  {failed}")
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ class Entry:
     hits: int = 0
     finalize_s: float = 0.0
     kernel_time_s: float | None = None
+    #: The bundle stage the code was compiled from ("any/flow", "source (built with IREE 3.12.0)", ...; "" unknown).
+    stage: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain data (shallow: `device` and `flags` are shared, not copied)."""
@@ -84,7 +86,7 @@ def _count(value: Any) -> bool:
 _REQUIRED = {f.name for f in fields(Entry) if f.default is MISSING and f.default_factory is MISSING}
 _FIELD_CHECKS = {
     **{name: (lambda v: isinstance(v, str)) for name in (
-        "key", "kernel", "bundle", "bundle_digest", "device_label", "config", "format", "sha256", "compiler", "kernel_digest")},
+        "key", "kernel", "bundle", "bundle_digest", "device_label", "config", "format", "sha256", "compiler", "kernel_digest", "stage")},
     "device": lambda v: isinstance(v, dict),
     "flags": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
     "size": _count,

@@ -187,10 +187,24 @@ def compare(case: Case, results: Sequence) -> Outcome:
                 np.testing.assert_allclose(got, want, rtol=case.rtol, atol=case.atol)
         except AssertionError as exc:
             lines = [line.strip() for line in str(exc).splitlines() if line.strip().startswith(("Mismatched", "Max abs"))]
-            return Outcome(WRONG, f"output {index}: " + ("; ".join(lines) or "values differ"))
+            return Outcome(WRONG, f"output {index}: " + ("; ".join(lines) or "values differ") + differing(got, want, case))
     if RANDOM_OPS.intersection(node.op_type for node in case.model.graph.node):
         return Outcome(RANDOM, "outputs are random draws: count, dtypes and shapes match")
     return Outcome(CORRECT)
+
+
+def differing(got: np.ndarray, want: np.ndarray, case: Case, count: int = 3) -> str:
+    """The first few elements that differ beyond the case's tolerance: ' (at 4: got 1.0, expected nan; ...)'."""
+    try:
+        if want.dtype.kind in "fc" or got.dtype.kind in "fc":
+            bad = ~np.isclose(got.astype(np.float64), want.astype(np.float64), rtol=case.rtol, atol=case.atol, equal_nan=True)
+        else:
+            bad = got != want
+        where = np.flatnonzero(bad)[:count]
+        shown = "; ".join(f"at {int(i)}: got {got.flat[i]}, expected {want.flat[i]}" for i in where)
+    except (TypeError, ValueError):  # dtypes NumPy cannot compare
+        return ""
+    return f" ({shown})" if shown else ""
 
 
 def cause_of(outcome: Outcome) -> str:

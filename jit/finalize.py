@@ -18,6 +18,8 @@ from portkern.jit.gpu import fit
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.compiler import Compiler
+from portkern.portable.lower import PORTABLE_PHASE
+from portkern.portable import source
 from portkern.portable.producer import check_bytecode, check_release
 
 #: The phase at which IREE has chosen a lowering config per dispatch (tuning stamps here).
@@ -39,7 +41,12 @@ def compiler_for(target: Target) -> Compiler:
 
 
 def check_stage(stage: Stage, name: str) -> None:
-    """Refuse a stage this compiler cannot read (format, producer release, bytecode version)."""
+    """Refuse a stage this compiler cannot read (format, producer release, bytecode version);
+    a source stage is for other releases: whether it parses is known only when a worker parses it."""
+    if stage.is_source:
+        if stage.format not in source.FORMATS:
+            raise FinalizeError(f"kernel {name!r}: source stage format {stage.format!r} is not one this portkern reads")
+        return
     if stage.format != "mlir-bytecode":
         raise FinalizeError(f"kernel {name!r}: stage format {stage.format!r} is not MLIR")
     check_release(stage.producer, name)
@@ -47,21 +54,36 @@ def check_stage(stage: Stage, name: str) -> None:
 
 
 def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
-    """MLIR (bytecode or text) parsed for `target`; a bundle stage is also fitted to it."""
-    try:
-        module = compiler_for(target).parse(data, name=name)
-    except FinalizeError:
-        raise
-    except CompileError as exc:
-        raise FinalizeError(str(exc)) from None
+    """MLIR (bytecode or text) parsed for `target`; a bundle stage is also fitted to it (a source
+    stage is first imported and lowered to the flow phase, see `imported`)."""
+    if stage is not None and stage.is_source:
+        module = imported(data, stage, target, name)
+    else:
+        try:
+            module = compiler_for(target).parse(data, name=name)
+        except FinalizeError:
+            raise
+        except CompileError as exc:
+            raise FinalizeError(str(exc)) from None
     if stage is not None:
         fit(module, stage, target)
     return module
 
 
+def imported(data: bytes, stage: Stage, target: Target, name: str):
+    """A source stage's module made MLIR text, parsed and lowered by this IREE release to the flow
+    phase, where a bundle's own flow stage starts; what fails on the way names both releases."""
+    text = source.source_text(stage, data, name)
+    compiler = compiler_for(target)
+    try:
+        return compiler.lower(compiler.parse(text, name=name), from_phase=stage.phase, to_phase=PORTABLE_PHASE, name=name)
+    except CompileError as exc:
+        raise source.uncompilable(stage, name, text, str(exc)) from None
+
+
 def stage_module(bundle: Bundle, record: KernelRecord, target: Target):
     """The kernel's stage for `target`, parsed and fitted, and that stage."""
-    stage = record.stage(target.family)
+    stage = source.readable_stage(record, target.family)
     check_stage(stage, record.name)
     return fitted(bundle.blob(stage.blob), stage, target, record.name), stage
 
@@ -69,13 +91,13 @@ def stage_module(bundle: Bundle, record: KernelRecord, target: Target):
 def finalize(bundle: Bundle, record: KernelRecord, target: Target) -> bytes:
     """Native code (a vmfb) for a kernel on a target, with the compiler's default config."""
     module, stage = stage_module(bundle, record, target)
-    return finish(target, module, stage.phase, record.name)
+    return finish(target, module, source.fitted_phase(stage), record.name)
 
 
 def configure(bundle: Bundle, record: KernelRecord, target: Target):
     """The kernel lowered to the phase where each dispatch carries its lowering config."""
     module, stage = stage_module(bundle, record, target)
-    return to_configurations(module, stage.phase, target, record.name)
+    return to_configurations(module, source.fitted_phase(stage), target, record.name)
 
 
 def to_configurations(module, from_phase: str, target: Target, name: str):

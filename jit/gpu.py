@@ -23,7 +23,7 @@ from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
 from portkern.errors import CompileError, DeviceError, FinalizeError, brief
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
-from portkern.portable.bundle import Stage
+from portkern.portable.bundle import SOURCE_PHASE, Stage
 from portkern.portable.family import FAMILY_PHASE, attach, family, replace
 from portkern.portable.lower import PORTABLE_PHASE
 from portkern.portable.producer import installed_compiler
@@ -95,7 +95,7 @@ def make_target(backend: ModuleType, arch: str | None, store: Store | None) -> T
 
 def fit(module, stage: Stage, target: Target) -> None:
     """Write the target's attribute into a freshly parsed stage module, in place: in
-    place of the placeholder of a family stage, or as the module's target for a flow stage."""
+    place of the placeholder of a family stage, or as the module's target for a flow or source stage."""
     if not target.executable_target:
         if stage.placeholder is not None:
             raise FinalizeError(f"the {stage.family} stage needs a GPU target, not {target.label}")
@@ -109,7 +109,7 @@ def fit(module, stage: Stage, target: Target) -> None:
                     f"is not a {fam.name} stage this portkern can finalise"
                 )
             replace(module, fam, target.executable_target, expect=fam.placeholder)
-        elif stage.phase == PORTABLE_PHASE:
+        elif stage.phase in (PORTABLE_PHASE, SOURCE_PHASE):
             attach(module, fam, target.executable_target)
         else:
             raise FinalizeError(f"a {stage.phase} stage without placeholder cannot be finalised for {target.label}")

@@ -21,6 +21,8 @@ from portkern.jit.tensors import result_wrapper
 from portkern.jit.toolchain import toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_head
 from portkern.portable.dtypes import as_declared
+from portkern.portable.producer import installed_compiler
+from portkern.portable.source import CompatibilityWarning, describe, foreign_release
 from portkern.portable.verify import check_kernels
 from portkern.tuner.session import tune_kernel, tune_kernel_shapes
 
@@ -45,6 +47,12 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
     bundle = decode_file(path, data, validated, size)
     check_signature(bundle, Path(path), data)
     check_kernels(bundle)
+    foreign = foreign_release(bundle)
+    if foreign:
+        warnings.warn(
+            f"{path}: built with {foreign}, IREE {installed_compiler().version} is installed: "
+            "its kernels are compiled from their source stage", CompatibilityWarning, stacklevel=3,
+        )
     if not any(seen):
         store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
     return LoadedBundle(bundle, Path(path), store)
@@ -129,7 +137,7 @@ class LoadedBundle(NativeCode):
                 self.store.remote.reject_native(native.key, f"does not load: {exc}")
             native = self.obtain(plan)
             executable = self._executable(record, target, native)
-        kernel = Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets)
+        kernel = Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets, describe(plan.stage))
         if native.origin == "baseline":
             kernel._specialise(self.pool, lambda: self._final(record, target, tune))
         return kernel
@@ -242,7 +250,7 @@ class Kernel:
 
     def __init__(
         self, record: KernelRecord, target: Target, native: Native, executable, tuning: "TuneResult | None" = None,
-        table: dict | None = None, bucket_tuning: list | None = None,
+        table: dict | None = None, bucket_tuning: list | None = None, stage: str = "",
     ) -> None:
         self.record = record
         self.target = target
@@ -253,6 +261,8 @@ class Kernel:
         self.buckets: dict = table or {}
         #: Per shape, what `kernel(..., shapes=[...])` found (tuner.buckets.BucketResult).
         self.bucket_tuning = bucket_tuning or []
+        #: The bundle stage its code was compiled from (`source (built with IREE ...)` for another release's bundle).
+        self.stage = stage
         #: The exact code being built while baseline code serves (None when there is none).
         self.specialisation: background.Specialisation | None = None
 
@@ -334,4 +344,4 @@ class Kernel:
         return {"bucket": label, "code": kind, "origin": code[0].origin, "config": code[0].config}
 
     def __repr__(self) -> str:
-        return f"<Kernel {self.name} {self.signature} on {self.device} config={self.config} from {self.origin}>"
+        return f"<Kernel {self.name} {self.signature} on {self.device} config={self.config} from {self.origin} ({self.stage})>"

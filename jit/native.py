@@ -28,6 +28,7 @@ from portkern.jit.target import Target
 from portkern.jit.toolchain import OPENCL, toolchain_for
 from portkern.jit.workers import Job, Pool, Result, Source, shared_pool
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
+from portkern.portable.source import describe, fitted_phase
 
 DEFAULT_CONFIG = "default"
 #: Called as each kernel of a batch is done: (kernels done, kernels in the batch, the plan).
@@ -256,13 +257,14 @@ class NativeCode:
             flags=list(plan.identity),
             kernel_digest=plan.kernel,
             finalize_s=native.finalize_s,
+            stage=describe(plan.stage),
         )
 
     # --- work for the tuner ---------------------------------------------------------
 
     def source(self, plan: Plan) -> Source:
         """The plan's stage as the workers read it."""
-        return Source(plan.stage.blob, self.bundle.blob(plan.stage.blob), plan.stage.phase, plan.stage.to_dict())
+        return Source(plan.stage.blob, self.bundle.blob(plan.stage.blob), fitted_phase(plan.stage), plan.stage.to_dict())
 
     def opencl_job(self, index: int, plan: Plan) -> Job:
         """The worker job that builds an OpenCL kernel's program for the plan's config
@@ -304,7 +306,7 @@ class NativeCode:
             self.store.remote.put_native(native.key, native.data, meta)
 
     def _prebuilt(self, plan: Plan) -> Native | None:
-        if plan.config != DEFAULT_CONFIG:
+        if plan.config != DEFAULT_CONFIG or plan.stage.is_source:  # prebuilt code is another release's
             return None
         for artifact in plan.record.native:
             if DeviceFingerprint.from_dict(artifact.device) == plan.target.fingerprint:
@@ -325,7 +327,8 @@ class NativeCode:
         target = plan.target
         if target.fingerprint.kind != cpu.KIND or target.fingerprint != cpu.host(self.store):
             return None
-        slices = {DeviceFingerprint.from_dict(a.device): a for a in plan.record.native} if plan.config == DEFAULT_CONFIG else {}
+        own_release = plan.config == DEFAULT_CONFIG and not plan.stage.is_source  # prebuilt slices are the bundle's release's
+        slices = {DeviceFingerprint.from_dict(a.device): a for a in plan.record.native} if own_release else {}
         cached = {
             DeviceFingerprint.from_dict(e.device)
             for e in self.store.entries(Filter(kernel=plan.name))

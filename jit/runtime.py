@@ -8,7 +8,13 @@ on the executor ran at least `EXECUTOR_GAIN` times faster than on the calling th
 executor workers against 1.0 ms inline). Otherwise, and always while calls overlap
 (and for `OVERLAP_WINDOW_S` after), calls run on the calling thread (`local-sync`):
 concurrent callers then each keep a core busy rather than queue on, or preempt, the
-executor.
+executor. Of a short call, much is Python work, and the runtime call releases the GIL
+twice (argument copy, invoke): side by side, threads pass the GIL to and fro with a
+wake-up each time (two threads made half the calls of one with a 30 us kernel, while a
+90 us one, two thirds native work, made 1.8 times as many). So calls shorter than
+`SMALL_CALL_S` either take turns at the process's gate (`jit/gate.py`: one thread at a
+time runs them back to back, the others sleep off the GIL until their turn) or run side
+by side, whichever made more calls a second when the kernel's own calls tried both.
 
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
@@ -27,6 +33,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
+from portkern.jit.gate import Choice, Gate
 
 if TYPE_CHECKING:
     from portkern.jit.parameters import KernelParameters
@@ -54,6 +61,8 @@ class _Process:
         self.lock = threading.RLock()
         self.configs: dict[str, object] = {}
         self.traffic = _Traffic()
+        #: Small calls from several threads take turns here (see `Executable.__call__`).
+        self.gate = Gate()
         #: Drivers a parent process started before it forked this one.
         self.inherited: frozenset[str] = frozenset(parent.configs).union(parent.inherited) if parent else frozenset()
 
@@ -166,6 +175,9 @@ class Executable:
         self._loaded: dict[str, _Loaded] = {}
         self._inline_s = float("inf")
         self._inline_probes = 0
+        #: For calls that always run inline (set once the probes found them short): whether
+        #: they take turns at the gate or run side by side.
+        self._choice: Choice | None = None
         self._executor_s = float("inf")
         self._executor_probes = 0
         self._load(driver)
@@ -226,12 +238,31 @@ class Executable:
             if self._inline_probes < INLINE_PROBES:
                 self._inline_s = min(self._inline_s, time.perf_counter() - start)
                 self._inline_probes += 1
+                if self._inline_probes >= INLINE_PROBES and self._inline_s < SMALL_CALL_S:
+                    self._choice = Choice(time.monotonic())
             return results
         finally:
             traffic.leave()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
-        results = self._run(arrays)
+        choice = self._choice
+        if choice is None:
+            return self._to_host(self._run(arrays))
+        start = time.monotonic()
+        try:
+            if not choice.gated:
+                return self._to_host(self._run(arrays))
+            gate = _process.gate
+            gate.enter(self._inline_s)
+            try:  # inline: a call this short never pays its way on the task executor
+                return self._to_host(self._invoke(self._load(INLINE[self.driver]), arrays))
+            finally:
+                gate.leave()
+        finally:
+            choice.record(start, time.monotonic())
+
+    @staticmethod
+    def _to_host(results) -> list[np.ndarray]:
         if results is None:
             return []
         if not isinstance(results, (tuple, list)):

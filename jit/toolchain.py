@@ -10,6 +10,7 @@ from portkern.jit.finalize import check_stage
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.producer import installed_compiler, installed_runtime
+from portkern.portable.source import readable_stage
 
 
 class IreeToolchain:
@@ -30,8 +31,9 @@ class IreeToolchain:
         return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
 
     def stage(self, bundle: Bundle, record: KernelRecord, target: Target, config: str) -> tuple[Stage, tuple[str, ...]]:
-        """The stage finalised for `target` (with kernel config `config`), and what besides it selects the native code."""
-        return record.stage(target.family), target.identity
+        """The stage finalised for `target` (with kernel config `config`; the source stage for a bundle of
+        another IREE release), and what besides it selects the native code."""
+        return readable_stage(record, target.family), target.identity
 
     def check(self, stage: Stage, name: str) -> None:
         """Refuse, before any worker reads it, a stage this compiler cannot read."""

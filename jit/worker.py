@@ -13,7 +13,8 @@ a compiler prints goes to stderr so it cannot corrupt the channel.
 
 Job kinds: "compile" (a vmfb for a kernel config), "analyse" (the module at
 `executable-configurations` and its dispatches as plain data), "opencl" (a
-program binary), "specialise" (a flow stage with its dynamic sizes fixed).
+program binary), "specialise" (a flow stage with its dynamic sizes fixed),
+"build" (a manifest built into a bundle file, for the ONNX backend).
 """
 
 from __future__ import annotations
@@ -174,7 +175,20 @@ def _specialise(state: _State, job: dict) -> dict:
     return {"stage": stage, "setup_s": time.perf_counter() - start}
 
 
-_KINDS = {"compile": _compile, "analyse": _analyse, "opencl": _opencl, "specialise": _specialise}
+def _build(state: _State, job: dict) -> dict:
+    """A manifest built into a bundle file; the warnings the build gave, as text."""
+    import warnings
+
+    from portkern.portable.builder import build_file
+
+    start = time.perf_counter()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build_file(str(job["manifest"]), str(job["output"]))
+    return {"warnings": [str(w.message) for w in caught], "compile_s": time.perf_counter() - start}
+
+
+_KINDS = {"compile": _compile, "analyse": _analyse, "opencl": _opencl, "specialise": _specialise, "build": _build}
 
 
 def _bound_memory(limit: int) -> None:

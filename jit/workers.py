@@ -114,6 +114,8 @@ class Job:
     name: str
     target: Target | None
     payload: dict
+    #: Wall-time bound in seconds for this job (None: the one in force, `PORTKERN_COMPILE_TIMEOUT`).
+    timeout: float | None = None
 
     @classmethod
     def compile(cls, id: int, name: str, target: Target, source: Source, config: str = "default") -> "Job":
@@ -129,6 +131,11 @@ class Job:
     def specialise(cls, id: int, name: str, record: dict, blob: bytes, values: dict[str, int]) -> "Job":
         """A kernel's flow stage (`blob`) with its dynamic sizes fixed to `values` (no target)."""
         return cls(id, "specialise", name, None, {"record": record, "blob": blob, "values": values})
+
+    @classmethod
+    def build(cls, id: int, name: str, manifest: str, output: str, timeout: float) -> "Job":
+        """The bundle a manifest describes, written to `output`, as `portkern build` writes it."""
+        return cls(id, "build", name, None, {"manifest": manifest, "output": output}, timeout)
 
     @classmethod
     def opencl(cls, id: int, name: str, target: Target, record: dict, blobs: dict[str, bytes], config: str = "default") -> "Job":
@@ -345,7 +352,7 @@ class Pool:
                     job = todo.popleft()
                     if on_start is not None:
                         on_start(job, worker.pid)
-                    if not worker.send(job, timeout, memory):
+                    if not worker.send(job, job.timeout or timeout, memory):
                         finish(worker, self._died(worker, job))
                         self._replace(worker, kill=True)
             waiting = [w for w in self._workers if w.job or not w.ready]

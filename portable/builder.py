@@ -16,6 +16,7 @@ from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
 from portkern.portable.lower import BUILD_FLAGS, PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
 from portkern.portable.parameters import ParameterData
+from portkern.portable.source import source_stage
 from portkern.portable.verify import read_back
 
 #: Called before each kernel is built, with its spec, index and the kernel count.
@@ -24,9 +25,10 @@ Progress = Callable[[KernelSpec, int, int], None]
 Finish = Callable[[Bundle], Bundle]
 
 
-def build(manifest: Manifest, progress: Progress | None = None, workdir: Path | None = None) -> Bundle:
+def build(manifest: Manifest, progress: Progress | None = None, workdir: Path | None = None, source: bool = True) -> Bundle:
     """Lower every kernel of a manifest and gather them in a bundle (not yet written; the
-    parameters of PyTorch programs wait in `workdir` until it is)."""
+    parameters of PyTorch programs wait in `workdir` until it is); `source`: kernels compiled
+    by IREE also keep their source stage (`portable.source`)."""
     compiler = Compiler(BUILD_FLAGS)
     records: list[KernelRecord] = []
     blobs: dict[str, bytes] = {}
@@ -34,7 +36,7 @@ def build(manifest: Manifest, progress: Progress | None = None, workdir: Path | 
     for index, spec in enumerate(manifest.kernels):
         if progress:
             progress(spec, index, len(manifest.kernels))
-        record, kernel_blobs, kernel_parameters = build_kernel(spec, compiler, manifest.targets, workdir)
+        record, kernel_blobs, kernel_parameters = build_kernel(spec, compiler, manifest.targets, workdir, source)
         records.append(record)
         blobs.update(kernel_blobs)
         parameters.extend(kernel_parameters)
@@ -42,13 +44,14 @@ def build(manifest: Manifest, progress: Progress | None = None, workdir: Path | 
 
 
 def build_kernel(
-    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",), workdir: Path | None = None
+    spec: KernelSpec, compiler: Compiler, targets: tuple[str, ...] = ("cpu",), workdir: Path | None = None, source: bool = True
 ) -> tuple[KernelRecord, dict[str, bytes], tuple[ParameterData, ...]]:
     """One kernel's bundle record, the blobs it refers to and its parameters (to be written;
     the record's own `parameters` are placed when the bundle is written).
 
     `targets` are the manifest's device families: each GPU family among them
-    adds a stage lowered for that family's placeholder target.
+    adds a stage lowered for that family's placeholder target. With `source`,
+    a kernel compiled by IREE also keeps its source stage, for other IREE releases.
     """
     with open(spec.source, "rb") as f:  # streamed: a model's inline weights are never held whole
         source_sha = hashlib.file_digest(f, "sha256").hexdigest()
@@ -63,6 +66,10 @@ def build_kernel(
                 if stage is not None:
                     stages.append(stage)
                     blobs[stage.blob] = data
+        if source:
+            stage, data = source_stage(spec, lowered)
+            stages.append(stage)
+            blobs[stage.blob] = data
         contract = build_contract(spec, compiler, lowered.source, lowered.entry, lowered.signature)
         signature = replace(lowered.signature, contract=contract)
         record = KernelRecord(spec.name, spec.kind, lowered.entry, signature, tuple(stages), source_sha)
@@ -95,11 +102,11 @@ def self_check(data: bytes, output: str | Path, file_size: int | None = None) ->
 
 
 def build_file(
-    manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None
+    manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None, source: bool = True
 ) -> Bundle:
-    """Build the bundle a manifest describes and write it to `output`."""
+    """Build the bundle a manifest describes and write it to `output` (`source`: see `build`)."""
     with tempfile.TemporaryDirectory(prefix="portkern-build-") as workdir:
-        bundle = build(load_manifest(manifest_path), progress, Path(workdir))
+        bundle = build(load_manifest(manifest_path), progress, Path(workdir), source)
         if finish is not None:
             bundle = finish(bundle)
         digest = write_bundle(bundle, output, check=lambda data, size: self_check(data, output, size))

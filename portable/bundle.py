@@ -46,10 +46,15 @@ from portkern.portable.producer import Producer
 MAGIC = b"\x89PKB\r\n\x1a\n"
 FORMAT_MAJOR = 1
 #: The newest minor version this portkern reads. It writes the oldest one that holds the bundle:
-#: 1.1 when there is a parameter section, else 1.0.
-FORMAT_MINOR = 1
+#: 1.2 when a kernel has a source stage (phase `start`), else 1.1 when there is a parameter
+#: section, else 1.0 (docs/bundle-format.md).
+FORMAT_MINOR = 2
 #: The first minor version with a parameter section.
 PARAMETERS_MINOR = 1
+#: The first minor version with source stages.
+SOURCE_MINOR = 2
+#: The phase of a source stage: the kernel as written, not lowered at all.
+SOURCE_PHASE = "start"
 #: Kernel kinds whose sources are lowered to MLIR stages for IREE (others: OpenCL C, SPIR-V).
 IREE_KINDS = ("mlir", "onnx", "torch")
 HEADER_SIZE = framing.HEADER_SIZE
@@ -135,6 +140,13 @@ class Stage:
     producer: Producer
     #: The placeholder target a family stage was lowered for, to be swapped on the device.
     placeholder: str | None = None
+    #: A source stage of an ONNX model: its `opset` and `ir_version`.
+    model: Mapping[str, int] | None = None
+
+    @property
+    def is_source(self) -> bool:
+        """Whether this is the kernel's source stage (read by any IREE release that parses it)."""
+        return self.phase == SOURCE_PHASE
 
     def to_dict(self) -> dict:
         data = {
@@ -147,6 +159,8 @@ class Stage:
         }
         if self.placeholder is not None:
             data["placeholder"] = self.placeholder
+        if self.model is not None:
+            data["model"] = dict(self.model)
         return data
 
     @classmethod
@@ -159,6 +173,7 @@ class Stage:
             data["size"],
             Producer.from_dict(data["producer"]),
             data.get("placeholder"),
+            data.get("model"),
         )
 
 
@@ -201,13 +216,17 @@ class KernelRecord:
 
     def stage(self, family: str = "any") -> Stage:
         """The stage to finalise for a device family: the family's own stage if
-        there is one, else the device-independent one."""
+        there is one, else the device-independent one (never the source stage)."""
         for wanted in dict.fromkeys((family, "any")):
             for stage in self.stages:
-                if stage.family == wanted:
+                if stage.family == wanted and not stage.is_source:
                     return stage
         have = ", ".join(f"{s.family}/{s.phase}" for s in self.stages)
         raise BundleError(f"kernel {self.name!r} has no {family!r} stage (it has: {have})")
+
+    def source_stage(self) -> Stage | None:
+        """The kernel's source stage, None when it was built without one (`portkern build --no-source`)."""
+        return next((stage for stage in self.stages if stage.is_source), None)
 
     def to_dict(self) -> dict:
         data = {
@@ -270,8 +289,9 @@ class Bundle:
 
     def written_version(self) -> tuple[int, int]:
         """The oldest format version that holds this bundle (what `encode` writes)."""
+        with_source = any(stage.is_source for record in self.kernels for stage in record.stages)
         with_parameters = self.parameters is not None or bool(self.parameter_data)
-        return (FORMAT_MAJOR, PARAMETERS_MINOR if with_parameters else 0)
+        return (FORMAT_MAJOR, SOURCE_MINOR if with_source else PARAMETERS_MINOR if with_parameters else 0)
 
     def meta(self) -> dict:
         data = {
@@ -389,7 +409,7 @@ def decode_file(path: str | Path, data: bytes, validated: Callable[[str], bool] 
 
 
 def _format(minor: int = FORMAT_MINOR) -> framing.Format:
-    """The bundle file format, with the reader limits as they are now (`minor`: the version written)."""
+    """The bundle file format (written as `minor`; read up to `FORMAT_MINOR`), with the reader limits as they are now."""
     return framing.Format(
         "bundle",
         MAGIC,
@@ -418,6 +438,8 @@ def decode(data: bytes, validated: Callable[[str], bool] | None = None, file_siz
     _check_blobs(meta, blobs)
     kernels = tuple(KernelRecord.from_dict(k) for k in meta["kernels"])
     section = _check_parameters(meta, version, kernels, data, end, file_size)
+    if version[1] < SOURCE_MINOR and any(stage.is_source for k in kernels for stage in k.stages):
+        raise MalformedBundleError(f"source stages need format 1.{SOURCE_MINOR}; the header says {version[0]}.{version[1]}")
     return Bundle(meta["name"], kernels, blobs, digest, version, section)
 
 

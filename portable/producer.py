@@ -95,6 +95,14 @@ def release_of(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def same_release(producer: Producer) -> bool:
+    """Whether the installed IREE is of the release that produced a stage."""
+    try:
+        return producer.compiler == "iree" and release_of(producer.version) == installed_compiler().release
+    except IncompatibleProducerError:
+        return False
+
+
 def check_release(producer: Producer, kernel: str = "") -> None:
     """Refuse a stage from another IREE release: IREE's dialects are not versioned,
     so only the producing release is known to read them back."""

@@ -1,7 +1,7 @@
 """What `portkern.load` checks beyond a bundle file's own rules, shared with the builder's self-check.
 
 Each OpenCL kernel's launch description must be sound, and each MLIR stage's
-producer an IREE of the installed release. The builder runs these, and the
+producer an IREE of the installed release unless the kernel has a source stage. The builder runs these, and the
 whole reader, on the bytes it is about to publish.
 """
 
@@ -18,8 +18,8 @@ def check_kernels(bundle: Bundle) -> None:
         if any(stage.format == "spirv" for stage in record.stages):
             launch_of(record)
         for stage in record.stages:
-            if stage.format == "mlir-bytecode":
-                check_release(stage.producer, record.name)
+            if stage.format == "mlir-bytecode" and record.source_stage() is None:
+                check_release(stage.producer, record.name)  # with a source stage, another release compiles that
 
 
 def read_back(data: bytes, file_size: int | None = None) -> Bundle:

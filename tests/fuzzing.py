@@ -6,8 +6,12 @@ From a valid seed bundle it makes re-sealed mutations of four kinds:
 - "payload": bytes of the msgpack payload mutated, the header's length and digest recomputed;
 - "metadata": one value of the metadata replaced by a hostile one (huge and negative integers,
   long strings, path-like names, deep nesting, wrong types), or a key added, then re-sealed;
-- "blob": an MLIR bytecode, SPIR-V or SPIR blob mutated, its name (sha256), size and every
-  reference to it recomputed, then re-sealed.
+- "blob": an MLIR bytecode, SPIR-V or SPIR blob, or a source stage (zlib MLIR text, as
+  compressed bytes or as text; ONNX protobuf), mutated, its name (sha256), size and every reference to it recomputed, then re-sealed.
+
+Re-sealing keeps the seed's format version and its parameter section (placed after the new payload). A seed of another IREE release (`build_seed(...,
+foreign=...)`, the producer records re-sealed) has its kernels compiled from their source stages,
+so mutated source stages reach the device's importer and compiler (in workers).
 
 `slow_module` is MLIR that makes the compiler run long (for the compile-time bound).
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import random
 import traceback
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,16 +34,20 @@ from typing import Any, Iterator
 
 import msgpack
 import numpy as np
+from helpers import dense_onnx, reseal
 
 import portkern
 from portkern.portable import framing
 from portkern.cache.store import Store
 from portkern.errors import PortkernError
 from portkern.portable.bundle import MAGIC
+from portkern.portable.parameters import section_offset
+from portkern.portable.source import FORMATS as SOURCE_FORMATS
+from portkern.portable.source import MLIR_TEXT
 
 KINDS = ("raw", "payload", "metadata", "blob")
 #: Blob formats the "blob" kind mutates (never prebuilt native code: that is trusted by signature, not parsed).
-MUTABLE_FORMATS = ("mlir-bytecode", "spirv", "spir-bitcode")
+MUTABLE_FORMATS = ("mlir-bytecode", "spirv", "spir-bitcode", *SOURCE_FORMATS)
 
 SEED_MLIR = """func.func @"fuzz-seed.main"(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>, %c: tensor<4xf32>) -> tensor<4x4xf32> {
   %z = arith.constant 0.0 : f32
@@ -78,21 +87,31 @@ OPENCL_ENTRY = """  - name: scale_add
     global: [N]
 """
 
+ONNX_ENTRY = """  - name: dense
+    source: dense.onnx
+"""
+
 HOSTILE: tuple[Any, ...] = (
     2**63 - 1, -(2**63), 2**64 - 1, -1, 0, 10**12, 1.5, float("nan"), None, True, b"\x00bytes", "", [], {},
     "A" * 70_000, "B" * 5_000, "../../etc/passwd", "/etc/passwd", "a/b", "..", "C:\\evil", "name\x00nul", "\u202eltr",
 )
 
 
-def build_seed(where: Path, opencl: bool) -> Path:
-    """The seed bundle: a tiny MLIR kernel, and a tiny OpenCL kernel when `opencl`."""
+def build_seed(where: Path, opencl: bool, onnx: bool = False, foreign: str = "") -> Path:
+    """The seed bundle: a tiny MLIR kernel with its source stage, a tiny OpenCL kernel when
+    `opencl`, a tiny ONNX model when `onnx`; re-sealed as built by IREE `foreign` when given."""
     from portkern.portable.builder import build_file
 
     where.mkdir(parents=True, exist_ok=True)
     (where / "tiny.mlir").write_text(SEED_MLIR)
     (where / "scale_add.cl").write_text(SEED_OPENCL)
-    (where / "manifest.yaml").write_text(SEED_MANIFEST.format(opencl=OPENCL_ENTRY if opencl else ""))
+    if onnx:
+        (where / "dense.onnx").write_bytes(dense_onnx())
+    entries = (OPENCL_ENTRY if opencl else "") + (ONNX_ENTRY if onnx else "")
+    (where / "manifest.yaml").write_text(SEED_MANIFEST.format(opencl=entries))
     build_file(where / "manifest.yaml", where / "seed.pkb")
+    if foreign:
+        return reseal(where / "seed.pkb", where / "foreign-seed.pkb", foreign)
     return where / "seed.pkb"
 
 
@@ -137,9 +156,26 @@ def slow_module(ops: int = 1500) -> str:
 # --- making cases -------------------------------------------------------------------
 
 
-def _seal(payload: bytes) -> bytes:
-    header = framing.HEADER.pack(MAGIC, 1, 0, len(payload), hashlib.sha256(payload).digest())
-    return header + payload
+def _seal(payload: bytes, version: tuple[int, int], section: bytes = b"") -> bytes:
+    """Header and payload, and after them (from the next page boundary) a parameter section's bytes."""
+    header = framing.HEADER.pack(MAGIC, *version, len(payload), hashlib.sha256(payload).digest())
+    end = framing.HEADER_SIZE + len(payload)
+    return header + payload + (bytes(section_offset(end) - end) + section if section else b"")
+
+
+def _seal_document(document: dict, version: tuple[int, int], section: bytes) -> bytes:
+    """`_seal` of a document whose parameter section (if it has one) is placed where the payload
+    now ends: its offset rewritten until the payload's length settles."""
+    parameters = document["meta"].get("parameters")
+    payload = _pack(document)
+    if isinstance(parameters, dict) and section:
+        for _ in range(4):
+            offset = section_offset(framing.HEADER_SIZE + len(payload))
+            if parameters.get("offset") == offset:
+                break
+            parameters["offset"] = offset
+            payload = _pack(document)
+    return _seal(payload, version, section)
 
 
 def _mutate_bytes(rng: random.Random, data: bytes) -> tuple[bytes, str]:
@@ -192,42 +228,57 @@ def _set(document: Any, path: tuple, value: Any) -> None:
     document[last] = value
 
 
-def cases(seed: bytes, count: int, rng_seed: int = 0) -> Iterator[Case]:
-    """`count` mutations of the seed bundle's bytes, the kinds in turn."""
+def cases(
+    seed: bytes, count: int, rng_seed: int = 0, kinds: tuple[str, ...] = KINDS, formats: tuple[str, ...] = MUTABLE_FORMATS
+) -> Iterator[Case]:
+    """`count` mutations of the seed bundle's bytes, the `kinds` in turn ("blob": of stages of `formats`)."""
     rng = random.Random(rng_seed)
-    document = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
+    _, *version, length, _ = framing.HEADER.unpack(seed[: framing.HEADER_SIZE])
+    version = tuple(version)
+    payload = seed[framing.HEADER_SIZE : framing.HEADER_SIZE + length]
+    section = seed[section_offset(framing.HEADER_SIZE + length) :]  # a parameter section's bytes, if any
+    document = msgpack.unpackb(payload, raw=False)
     meta_paths = list(_paths(document["meta"]))[1:]
     stages = [
         (k, s)
         for k, kernel in enumerate(document["meta"]["kernels"])
         for s, stage in enumerate(kernel["stages"])
-        if stage["format"] in MUTABLE_FORMATS
+        if stage["format"] in formats
     ]
     for index in range(count):
-        kind = KINDS[index % len(KINDS)]
+        kind = kinds[index % len(kinds)]
         if kind == "raw":
             data, what = _mutate_bytes(rng, seed)
         elif kind == "payload":
-            payload, what = _mutate_bytes(rng, seed[framing.HEADER_SIZE :])
-            data = _seal(payload)
+            mutated, what = _mutate_bytes(rng, payload)
+            data = _seal(mutated, version, section)
         elif kind == "metadata":
-            doc = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
+            doc = msgpack.unpackb(payload, raw=False)
             path = rng.choice(meta_paths)
             if rng.random() < 0.15 and isinstance(_get(doc["meta"], path[:-1]), dict):
                 path = (*path[:-1], rng.choice(("extra", "../x", "a" * 300)))
             value = _hostile(rng)
             _set(doc["meta"], path, value)
-            data = _seal(_pack(doc))
+            data = _seal_document(doc, version, section)
             what = f"{'/'.join(map(str, path))}={_short(value)}"
         else:
-            doc = msgpack.unpackb(seed[framing.HEADER_SIZE :], raw=False)
+            doc = msgpack.unpackb(payload, raw=False)
             k, s = rng.choice(stages)
             stage = doc["meta"]["kernels"][k]["stages"][s]
-            blob, what = _mutate_bytes(rng, doc["blobs"][stage["blob"]])
+            blob, what = _mutate_blob(rng, doc["blobs"][stage["blob"]], stage["format"])
             _replace_blob(doc, stage["blob"], blob)
-            data = _seal(_pack(doc))
+            data = _seal_document(doc, version, section)
             what = f"{stage['format']} of kernel {k}: {what}"
         yield Case(index, kind, what, data)
+
+
+def _mutate_blob(rng: random.Random, data: bytes, fmt: str) -> tuple[bytes, str]:
+    """A mutated blob; a zlib MLIR text stage half the time mutated as text and compressed again
+    (so that the mutation reaches the MLIR parser rather than zlib)."""
+    if fmt == MLIR_TEXT and rng.random() < 0.5:
+        text, what = _mutate_bytes(rng, zlib.decompress(data))
+        return zlib.compress(text), f"text {what}"
+    return _mutate_bytes(rng, data)
 
 
 def _get(document: Any, path: tuple) -> Any:

@@ -1,4 +1,4 @@
-"""Assertions shared by the kernel tests."""
+"""Assertions and bundles shared by the kernel tests."""
 
 from __future__ import annotations
 
@@ -43,6 +43,58 @@ def build_mlir(where: Path, name: str = "k", **sources: str) -> Path:
     (where / f"{name}.yaml").write_text("\n".join(lines) + "\n")
     build_file(where / f"{name}.yaml", where / f"{name}.pkb")
     return where / f"{name}.pkb"
+
+
+def reseal(path: Path, out: Path, version: str, sources: dict[str, bytes] | None = None) -> Path:
+    """`path` with every stage's producer set to IREE `version` (a bundle of another release,
+    as far as the loader can tell), and the named kernels' source stage bytes replaced by
+    `sources[name]`, sealed again as a valid bundle (with the same parameters)."""
+    import dataclasses
+
+    from portkern.portable.bundle import Bundle, read_bundle, sha256, write_bundle
+    from portkern.portable.parameters import ParameterData, file_pieces
+
+    bundle = read_bundle(path)
+    blobs = dict(bundle.blobs)
+    kernels = []
+    section = bundle.parameters
+    parameters = tuple(
+        ParameterData(record.name, p.scope, p.name, p.size, file_pieces(path, section.offset + p.offset, p.size))
+        for record in bundle.kernels for p in record.parameters
+    )
+    for record in bundle.kernels:
+        stages = []
+        for stage in record.stages:
+            stage = dataclasses.replace(stage, producer=dataclasses.replace(stage.producer, version=version))
+            if stage.is_source and record.name in (sources or {}):
+                data = sources[record.name]
+                blobs.pop(stage.blob, None)
+                stage = dataclasses.replace(stage, blob=sha256(data), size=len(data))
+                blobs[stage.blob] = data
+            stages.append(stage)
+        kernels.append(dataclasses.replace(record, stages=tuple(stages), parameters=()))
+    write_bundle(Bundle(bundle.name, tuple(kernels), blobs, parameter_data=parameters), out)
+    return out
+
+
+def dense_onnx(opset: int = 17) -> bytes:
+    """A tiny ONNX model of `opset`, relu(x @ W + b) with x 4x16, W 16x16 (a parameter once built), b 16;
+    seeded values."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    weight = numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "W")
+    bias = numpy_helper.from_array(rng.standard_normal(16).astype(np.float32), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"]), helper.make_node("Add", ["m", "b"], ["s"]), helper.make_node("Relu", ["s"], ["y"])],
+        "dense",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 16])],
+        [weight, bias],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model.SerializeToString()
 
 
 def attention_mlir(batch: int, length: int, dim: int) -> str:

@@ -179,3 +179,12 @@ def test_inspect_finalize_and_cache_ls_describe_aarch64_code(fat, tmp_path, caps
     assert [(e["origin"], e["code"]) for e in done["entries"]] == [("prebuilt", "ELF aarch64 (machine 183)")]
     status, listed = run_json(capsys, "cache", "ls", "--cache-dir", cache)
     assert [(e["device_label"], e["serves"]) for e in listed] == [("cpu:armv8.2-a", serves["cpu:armv8.2-a"])]
+
+
+def test_a_worker_cross_compiles_a_level_without_a_prebuilt_slice(examples_bundle, tmp_path, capsys):
+    """`portkern finalize --target cpu:armv9-a` of an ONNX kernel: compiled by a worker into AArch64 code."""
+    capsys.readouterr()
+    cache = str(tmp_path / "cache")
+    status, done = run_json(capsys, "finalize", str(examples_bundle), "--target", "cpu:armv9-a", "--kernel", "mlp", "--cache-dir", cache)
+    assert status == 0
+    assert [(e["origin"], e["code"]) for e in done["entries"]] == [("finalized", "ELF aarch64 (machine 183)")]

@@ -32,9 +32,9 @@ def repack(meta: dict, blobs: dict, major: int = fmt.FORMAT_MAJOR, minor: int = 
 @pytest.fixture(scope="module")
 def good(examples_bundle):
     """A format 1.0 bundle: the examples without the kernel that has parameters (format 1.1:
-    tests/test_parameters.py)."""
+    tests/test_parameters.py) and without source stages (format 1.2: tests/test_source_stage.py)."""
     full = decode(examples_bundle.read_bytes())
-    kernels = tuple(k for k in full.kernels if not k.parameters)
+    kernels = tuple(replace(k, stages=tuple(s for s in k.stages if not s.is_source)) for k in full.kernels if not k.parameters)
     used = {item.blob for k in kernels for item in (*k.stages, *k.native)}
     plain = replace(full, kernels=kernels, blobs={sha: b for sha, b in full.blobs.items() if sha in used}, parameters=None)
     data = encode(plain)
@@ -44,7 +44,7 @@ def good(examples_bundle):
 def test_examples_round_trip_is_byte_identical(examples_bundle):
     data = examples_bundle.read_bytes()
     bundle = decode(data)
-    assert bundle.version == (1, 1) and bundle.parameters is not None
+    assert bundle.version == (1, 2) and bundle.parameters is not None
     head = encode(bundle)
     assert data[: len(head)] == head and len(data) == bundle.parameters.offset + bundle.parameters.size
 
@@ -170,11 +170,18 @@ def test_not_msgpack(good):
 
 
 def _with_producer(good, **changes) -> bytes:
+    """The bundle with its producer records changed, as built with `--no-source` (a kernel's source
+    stage would serve another release: tests/test_source_stage.py)."""
     meta = good[1].meta()
+    blobs = dict(good[1].blobs)
     for kernel in meta["kernels"]:
+        for stage in [s for s in kernel["stages"] if s["phase"] == fmt.SOURCE_PHASE]:
+            kernel["stages"].remove(stage)
+            blobs.pop(stage["blob"])
         for stage in kernel["stages"]:
             stage["producer"].update(changes)
-    return repack(meta, dict(good[1].blobs))
+    meta["version"] = [1, 0]
+    return repack(meta, blobs, minor=0)
 
 
 def test_bundle_from_another_iree_release_is_refused_at_load(good, tmp_path):

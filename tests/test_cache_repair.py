@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import subprocess
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -41,7 +42,11 @@ def damage_record(directory: Path, name: str, how: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["truncate", "not-utf8", "wrong-shape"])
-def test_one_damaged_record_among_seven_costs_only_that_entry(tmp_path, capsys, how):
+def test_one_damaged_record_among_seven_costs_only_that_entry(tmp_path, capsys, how, monkeypatch):
+    # `cache verify` also reports scratch directories of gone processes in the temp directory: a
+    # private one keeps other processes' leftovers on this machine out of this test.
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     directory = tmp_path / "v1"
     store = Store(CacheConfig(directory, 1 << 30, False))
     store.put_many(synthetic(i, 50_000 if i % 2 else 300) for i in range(7))

@@ -26,7 +26,7 @@ def test_build_and_inspect(tmp_path, capsys):
     status, built = run_json(capsys, "build", str(MANIFEST), "-o", str(out))
     assert status == 0 and built["written"] == str(out)
     status, shown = run_json(capsys, "inspect", str(out))
-    assert status == 0 and shown["digest"] == built["digest"] and shown["format_version"] == "1.1"
+    assert status == 0 and shown["digest"] == built["digest"] and shown["format_version"] == "1.2"
     assert shown["size"] == out.stat().st_size == shown["parameters"]["offset"] + shown["parameters"]["size"]
     kernels = {k["name"]: k for k in shown["kernels"]}
     assert kernels["mlp"]["parameters"] == {"count": 2, "bytes": (64 * 128 + 128 * 16) * 4}

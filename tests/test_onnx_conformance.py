@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -43,3 +44,18 @@ def test_expected_failures_name_cases_and_causes():
     names = {case.name for case in ALL}
     assert set(EXPECTED) <= names, sorted(set(EXPECTED) - names)
     assert {entry["cause"] for entry in EXPECTED.values()} <= set(conf.CAUSES)
+
+
+def test_a_wrong_result_names_the_elements_that_differ():
+    """A wrong output is reported with the first elements beyond the tolerance (NaN where the
+    reference has a number counts), so that a wrong case in a long run can be diagnosed."""
+    case = next(c for c in ALL if c.name == "test_l2normalization_axis_0")
+    want = case.outputs[0]
+    got = want.copy()
+    got.flat[5] = np.nan
+    got.flat[1] += 1.0
+    outcome = conf.compare(case, [got])
+    assert outcome.kind == conf.WRONG
+    assert f"at 1: got {got.flat[1]}, expected {want.flat[1]}" in outcome.detail
+    assert f"at 5: got nan, expected {want.flat[5]}" in outcome.detail
+    assert conf.compare(case, [want.copy()]).kind == conf.CORRECT

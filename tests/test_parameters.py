@@ -47,7 +47,7 @@ def inputs(seed: int = 0) -> np.ndarray:
 def test_weights_are_parameters_in_a_mapped_section_and_results_match_numpy(mlp_bundle, store):
     loaded = portkern.load(mlp_bundle, store=store)
     bundle = loaded.bundle
-    assert bundle.version == (1, 1)
+    assert bundle.version == (1, 2)  # parameters (1.1) and source stages (1.2)
     section, record = bundle.parameters, loaded.record("mlp")
     # every weight and bias (all >= 256 elements) is a parameter; the code carries none of them
     assert sum(p.size for p in record.parameters) == weight_bytes(WIDTHS)

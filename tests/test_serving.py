@@ -15,7 +15,7 @@ import portkern
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.examples.reference import EXAMPLES
-from portkern.jit import runtime
+from portkern.jit import gate, runtime
 
 from helpers import assert_matches, opencl_device_missing
 
@@ -159,3 +159,71 @@ def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served,
     monkeypatch.setattr(executable, "invoke", lambda *arrays: used.append("executor") or invoke(*arrays))
     assert _check_calls(kernel, 3, calls=2) == ""
     assert used == (["executor"] * 2 if on_executor else [])
+
+
+def _calls_from_threads(kernel, threads: int = 4, calls: int = 4) -> list[str]:
+    reports: list[str] = []
+    workers = [threading.Thread(target=lambda seed=seed: reports.append(_check_calls(kernel, seed, calls))) for seed in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=CHILD_BOUND_S)
+    return reports
+
+
+def test_short_calls_take_turns_at_the_gate_until_side_by_side_is_chosen(served, monkeypatch):
+    """Calls shorter than SMALL_CALL_S go through the process's gate, one thread at a time,
+    unless their kernel's trial chose side by side; the GEMM's calls never do. Results are
+    right either way."""
+    monkeypatch.setattr(gate, "TRIAL_S", 3600.0)  # no trial switches the way during the test
+    entered: list[str] = []
+    enter = runtime.Gate.enter
+    monkeypatch.setattr(runtime.Gate, "enter", lambda gate, nap_s: entered.append("gate") or enter(gate, nap_s))
+    small, large = served.kernel("mlp"), served.kernel("gemm_bias_relu")
+    for kernel in (small, large):
+        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
+    assert small.executable._choice.gated and large.executable._choice is None
+    for kernel, gated in ((small, True), (large, False)):
+        entered.clear()
+        reports = _calls_from_threads(kernel)
+        assert sorted(reports + entered) == [""] * 4 + (["gate"] * 16 if gated else []), kernel.name
+    small.executable._choice.gated = False
+    entered.clear()
+    assert _calls_from_threads(small) + entered == [""] * 4
+
+
+def test_fork_while_a_thread_is_inside_the_gate(served):
+    """A child forked while another thread of the parent is inside the gate gets a gate of its
+    own (the parent's would never open there)."""
+    kernel = served.kernel("mlp")
+    assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
+    gate = runtime._process.gate
+    gate.enter(1e-4)
+    try:
+        queue = FORK.Queue()
+        child = FORK.Process(target=_child, args=(kernel, 5, queue))
+        child.start()
+        try:
+            assert queue.get(timeout=CHILD_BOUND_S) == (5, "")
+        finally:
+            child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
+    finally:
+        gate.leave()
+    assert _check_calls(kernel, 6) == ""
+
+
+def test_the_serving_bench_deployer_models_match_numpy(tmp_path):
+    """The MNIST MLP and CNN the serving bench times compute what their NumPy references say."""
+    pytest.importorskip("onnx", reason="the deployer's models are ONNX graphs (portkern[onnx])")
+    from portkern.examples import serving_models
+    from portkern.portable.builder import build_file
+
+    build_file(serving_models.manifest(tmp_path / "models"), tmp_path / "deployer.pkb")
+    loaded = portkern.load(tmp_path / "deployer.pkb", store=Store(CacheConfig(tmp_path / "cache", 1 << 30, False)))
+    for model in (serving_models.mnist_mlp(), serving_models.mnist_cnn()):
+        kernel = loaded.kernel(model.name)
+        for seed in range(2):
+            inputs = model.inputs(np.random.default_rng(seed))
+            assert_matches(kernel(*inputs), model.reference(*inputs), model.rtol, model.atol)

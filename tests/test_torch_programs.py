@@ -86,6 +86,31 @@ def test_the_device_needs_no_torch(program, tmp_path):
     np.testing.assert_allclose(np.load(tmp_path / "y.npy"), expected, rtol=RTOL, atol=ATOL)
 
 
+def test_a_program_of_another_iree_release_runs_from_its_source_stage_without_its_weights_twice(program, store, tmp_path):
+    import zlib
+
+    from helpers import reseal
+
+    from portkern.portable.parameters import referenced
+    from portkern.portable.source import MLIR_TEXT, CompatibilityWarning
+
+    path, model = program
+    record = portkern.load(path, store=store).record("block")
+    source = record.source_stage()
+    weights = sum(p.size for p in record.parameters)
+    assert source.format == MLIR_TEXT and source.size < weights // 10
+    text = zlib.decompress(portkern.load(path, store=store).bundle.blob(source.blob))
+    assert {name for _, name in referenced(text)} == {p.name for p in record.parameters}  # weights by name only
+    foreign = reseal(path, tmp_path / "foreign.pkb", "3.12.0")
+    with pytest.warns(CompatibilityWarning, match="built with IREE 3.12.0"):
+        kernel = portkern.load(foreign, store=store).kernel("block")
+    assert kernel.stage == "source (built with IREE 3.12.0)"
+    x = torch.randn(5, 64)
+    with torch.no_grad():
+        expected = model(x)
+    np.testing.assert_allclose(kernel(x).numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)
+
+
 def test_a_transformer_layer_tunes_every_dispatch_or_says_why_not(tmp_path, store):
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(32, 2, dim_feedforward=64, batch_first=True).eval()

@@ -19,6 +19,11 @@ def register(sub) -> None:
         metavar="TARGETS",
         help="also store native code for these comma-separated targets, e.g. gfx942,cuda:sm_90,cpu:znver4",
     )
+    build.add_argument(
+        "--no-source", action="store_true",
+        help="leave out the kernels' source stage (for sources that must not ship); such a bundle runs only with "
+        "the IREE release that built it",
+    )
     add_sign(build, "the bundle")
     add_json(build)
     build.set_defaults(handler=run_build)
@@ -68,7 +73,7 @@ def run_build(args: argparse.Namespace) -> Report:
         built.append(time.perf_counter())
         return finish(bundle) if finish is not None else bundle
 
-    build_file(args.manifest, args.output, progress, finished)
+    build_file(args.manifest, args.output, progress, finished, source=not args.no_source)
     if sign_with is not None:
         sign_file(args.output, sign_with)
     else:
@@ -94,6 +99,14 @@ def run_build(args: argparse.Namespace) -> Report:
 
 def run_inspect(args: argparse.Namespace) -> Report:
     return describe(args.bundle)
+
+
+def _stage_text(stage) -> str:
+    """A stage in `inspect`'s table: `any/flow`, `amdgpu/executable-sources (placeholder)`, `source (onnx-protobuf, opset 17)`."""
+    if stage.is_source:
+        model = f", opset {stage.model['opset']}, IR v{stage.model['ir_version']}" if stage.model else ""
+        return f"source ({stage.format}{model})"
+    return f"{stage.family}/{stage.phase}{' (placeholder)' if stage.placeholder else ''}"
 
 
 def serves(device: dict) -> str:
@@ -156,7 +169,7 @@ def describe(path: Path) -> Report:
         rows = []
         for k in bundle.kernels:
             stages = ", ".join(
-                f"{s.family}/{s.phase}{' (placeholder)' if s.placeholder else ''} {human_size(s.size)}" for s in k.stages
+                f"{_stage_text(s)} {human_size(s.size)}" for s in k.stages
             ) if len(k.stages) <= 4 else f"{len(k.stages)} stages ({human_size(sum(s.size for s in k.stages))})"
             native = ", ".join(f"{n.target} {human_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
             contract = k.signature.contract_text if k.kind in IREE_KINDS else "launch (below)"

@@ -75,11 +75,11 @@ def entries_table(title: str, entries: list, serves: list[str] | None = None, ki
     here, when given)."""
     now = time.time()
     rows = [
-        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, human_size(e.size), human_age(e.created, now),
+        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, e.stage or "-", human_size(e.size), human_age(e.created, now),
          human_age(e.last_used, now), e.hits]
         for e in entries
     ]
-    columns = ["key", "kernel", "bundle", "device", "config", "size", "age", "used", "hits"]
+    columns = ["key", "kernel", "bundle", "device", "config", "from stage", "size", "age", "used", "hits"]
     if kinds is not None:
         rows = [row + [text] for row, text in zip(rows, kinds)]
         columns.append("code")

@@ -62,6 +62,7 @@ def run_kernel(args: argparse.Namespace) -> Report:
         "device": kernel.device,
         "config": kernel.config,
         "origin": kernel.origin,
+        "stage": kernel.stage,
         "out": str(args.out) if args.out else None,
         "results": [{"name": f"result{i}", "shape": list(r.shape), "dtype": str(r.dtype)} for i, r in enumerate(results)],
         # kernel_s: getting the kernel ready (cache, finalisation, tuning); call_s: reading the inputs and the call
@@ -70,7 +71,7 @@ def run_kernel(args: argparse.Namespace) -> Report:
 
     def render(out):
         rows = [[d["name"], "x".join(map(str, d["shape"])), d["dtype"]] for d in data["results"]]
-        out.print(table(f"{kernel.name} on {kernel.device} (config {kernel.config}, {kernel.origin})", ["result", "shape", "dtype"], rows))
+        out.print(table(f"{kernel.name} on {kernel.device} (config {kernel.config}, {kernel.origin}, from {kernel.stage})", ["result", "shape", "dtype"], rows))
         if args.out:
             out.print(f"saved to {args.out}")
 

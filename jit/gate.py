@@ -1,0 +1,174 @@
+"""One thread at a time through a stretch of code, in turns, with no thread woken per pass.
+
+For calls whose Python work outweighs the native work the GIL is released for: threads running
+such calls side by side pass the GIL back and forth several times a call, and every pass wakes
+a sleeping thread, which takes longer than the call (on two cores, two threads made half the
+calls of one). Behind a gate, the thread inside runs its calls back to back while the others
+sleep on locks of their own, not on the GIL, so the GIL it releases around native work wakes
+nobody.
+
+Turns: the thread inside keeps the gate while it comes back for more, until the first waiter
+has waited one turn (`TURN_S`); its next exit hands the gate to that waiter. The first waiter
+also looks for itself, after naps that double from about one call's time up to a turn, so that
+a gate its last user left for good is taken within about the time already waited; the waiters
+behind it look once a turn.
+
+Turns do not always pay: where native work is most of a call, threads side by side overlap
+it (a 90 us CNN made 1.8 times the calls of one thread). `Choice` tries both ways on a
+kernel's own calls and keeps the one that made more calls a second.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+#: How long the thread inside may keep the gate while others wait. A change of thread cost
+#: 0.3-0.6 ms of calls on a two-core VM (the next thread's wake-up, then its cold caches),
+#: so 20 ms turns lose about 3 %; a waiter waits at most one turn per thread ahead of it.
+TURN_S = 0.02
+
+
+def _closed_lock() -> threading.Lock:
+    lock = threading.Lock()
+    lock.acquire()
+    return lock
+
+
+@dataclass(eq=False)
+class _Waiter:
+    #: When this waiter's turn is due.
+    due: float
+    #: Released when the gate is handed to this waiter.
+    wake: threading.Lock = field(default_factory=_closed_lock)
+    granted: bool = False
+
+
+class Gate:
+    """Lets one thread at a time in; the others wait their turn in arrival order."""
+
+    def __init__(self) -> None:
+        #: Held while a thread is inside; handed from thread to thread at a turn.
+        self._inside = threading.Lock()
+        self._lock = threading.Lock()  # guards the waiters; never held across a wait
+        self._waiters: deque[_Waiter] = deque()
+        #: When the first waiter's turn is due (read without the lock: a stale value only
+        #: moves a turn by one call).
+        self._due = float("inf")
+
+    def enter(self, nap_s: float) -> None:
+        """Return once this thread is the one inside; `nap_s`: about one call's time."""
+        if (not self._waiters or time.monotonic() < self._due) and self._inside.acquire(blocking=False):
+            return
+        with self._lock:
+            now = time.monotonic()
+            if now < self._due and self._inside.acquire(blocking=False):
+                return
+            waiter = _Waiter(now + TURN_S)
+            self._waiters.append(waiter)
+            if len(self._waiters) == 1:
+                self._due = waiter.due
+            if self._inside.acquire(blocking=False):  # open, and a waiter's turn is due: it goes first
+                self._hand_over()
+            first = self._waiters and self._waiters[0] is waiter
+        self._wait(waiter, 2 * nap_s if first else TURN_S)
+
+    def leave(self) -> None:
+        """Let the next thread in (the thread inside calls this once per `enter`)."""
+        if not self._waiters or time.monotonic() < self._due:
+            self._inside.release()
+            return
+        with self._lock:
+            self._leave_locked()
+
+    def _wait(self, waiter: _Waiter, nap: float) -> None:
+        try:
+            while not waiter.wake.acquire(timeout=nap):
+                with self._lock:
+                    if self._inside.acquire(blocking=False):  # left open: the first waiter (maybe this one) goes in
+                        self._hand_over()
+                    first = self._waiters and self._waiters[0] is waiter
+                nap = min(2 * nap, TURN_S) if first else TURN_S
+        except BaseException:  # KeyboardInterrupt in the main thread: give up the place, or the gate
+            with self._lock:
+                if waiter.granted:
+                    self._leave_locked()
+                else:
+                    self._waiters.remove(waiter)
+                    self._due = self._waiters[0].due if self._waiters else float("inf")
+            raise
+
+    def _leave_locked(self) -> None:
+        if self._waiters and time.monotonic() >= self._waiters[0].due:
+            self._hand_over()
+        else:
+            self._inside.release()
+
+    def _hand_over(self) -> None:
+        """The first waiter is inside now (`_inside` stays held, on its behalf)."""
+        waiter = self._waiters.popleft()
+        self._due = self._waiters[0].due if self._waiters else float("inf")
+        waiter.granted = True
+        waiter.wake.release()
+
+
+#: How long each way is tried, and for how many windows the better one then stands before
+#: both are tried again (a trial spends two windows on the other way: 6 % of the time).
+TRIAL_S = 0.1
+KEEP_WINDOWS = 30
+#: A window counts when its calls took this many times its length (calls overlapped).
+CONTENDED = 1.5
+
+
+class Choice:
+    """Whether one kernel's calls take turns at the gate or run side by side, chosen on the
+    kernel's own calls while several threads make them at once. A trial times a window of
+    `TRIAL_S` each way (after a window for the switch to settle); the way that completed more
+    calls a second stands for `KEEP_WINDOWS` windows, then both are tried again. Turns win
+    where a call is mostly Python work; side by side where native work, run without the GIL,
+    is most of a call. Windows whose calls did not overlap count for nothing: a lone thread
+    passes the gate at no cost."""
+
+    def __init__(self, now: float) -> None:
+        #: How calls run now: True, taking turns at the gate (never a collapse); False, side by side.
+        self.gated = True
+        # Held only to close a window, never waited for (a child forked while another thread
+        # held it keeps the way it had).
+        self._lock = threading.Lock()
+        self._start = now
+        self._calls = 0
+        self._busy = 0.0
+        self._rates: dict[bool, float] = {}
+        self._keep = 0
+        self._settling = False
+
+    def record(self, start: float, end: float) -> None:
+        """Count a call that ran from `start` to `end` (`time.monotonic()`, gate included)."""
+        self._calls += 1
+        self._busy += end - start
+        length = end - self._start
+        if length < TRIAL_S or not self._lock.acquire(blocking=False):
+            return
+        try:
+            if self._busy >= CONTENDED * length:
+                self._close_window(self._calls / length)
+            self._start, self._calls, self._busy = end, 0, 0.0
+        finally:
+            self._lock.release()
+
+    def _close_window(self, rate: float) -> None:
+        if self._keep:
+            self._keep -= 1
+        elif self._settling:
+            self._settling = False
+        elif not self._rates:
+            self._rates[self.gated] = rate
+            self.gated = not self.gated
+            self._settling = True
+        else:
+            self._rates[self.gated] = rate
+            self.gated = max(self._rates, key=self._rates.__getitem__)
+            self._rates = {}
+            self._keep = KEEP_WINDOWS

@@ -1,0 +1,169 @@
+"""The gate small kernel calls take turns at: one thread inside at a time, every waiter gets
+its turn while another thread keeps coming back, and a waiter that gives up leaves no trace."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from portkern.jit import gate as gate_module
+from portkern.jit.gate import Gate
+
+#: Seconds a test's threads may take before it fails (a starved or stuck thread never ends).
+BOUND_S = 60
+
+
+def _run(threads: list[threading.Thread]) -> None:
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=BOUND_S)
+    assert not any(thread.is_alive() for thread in threads), "a thread never got through the gate"
+
+
+def test_one_thread_inside_at_a_time():
+    gate = Gate()
+    inside, most, passes = [0], [0], [0]
+
+    def work() -> None:
+        for _ in range(300):
+            gate.enter(1e-5)
+            try:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                time.sleep(0)  # let the others run while this thread is inside
+                inside[0] -= 1
+                passes[0] += 1
+            finally:
+                gate.leave()
+
+    _run([threading.Thread(target=work) for _ in range(6)])
+    assert (most[0], passes[0]) == (1, 6 * 300)
+
+
+def test_a_waiter_gets_its_turn_while_another_thread_keeps_coming_back(monkeypatch):
+    """The thread inside barges back in after each pass until a waiter's turn is due; then it
+    hands over. Without turns the hammering thread would keep the gate to itself."""
+    monkeypatch.setattr(gate_module, "TURN_S", 0.002)
+    gate = Gate()
+    done = threading.Event()
+    counts = {"hammer": 0, "waiter": 0}
+
+    def hammer() -> None:
+        while not done.is_set():
+            gate.enter(1e-5)
+            counts["hammer"] += 1
+            gate.leave()
+
+    def waiter() -> None:
+        for _ in range(20):
+            gate.enter(1e-5)
+            counts["waiter"] += 1
+            gate.leave()
+            time.sleep(0)
+        done.set()
+
+    hammering = threading.Thread(target=hammer)
+    hammering.start()
+    try:
+        _run([threading.Thread(target=waiter)])
+    finally:
+        done.set()
+        hammering.join(timeout=BOUND_S)
+    assert counts["waiter"] == 20 and counts["hammer"] > 0
+
+
+def test_a_gate_left_open_is_taken_by_its_waiter(monkeypatch):
+    """A waiter whose turn is not due yet still goes in soon after the thread inside leaves
+    for good (it looks for itself after about one call's time)."""
+    monkeypatch.setattr(gate_module, "TURN_S", 3600.0)
+    gate = Gate()
+    gate.enter(1e-5)
+    entered = threading.Event()
+
+    def wait() -> None:
+        gate.enter(1e-3)
+        entered.set()
+        gate.leave()
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    time.sleep(0.05)
+    assert not entered.is_set()
+    gate.leave()
+    assert entered.wait(BOUND_S)
+    waiting.join(timeout=BOUND_S)
+
+
+class _Interrupted(BaseException):
+    pass
+
+
+def test_a_waiter_interrupted_while_waiting_leaves_no_trace(monkeypatch):
+    """A KeyboardInterrupt (here a stand-in) while waiting takes the waiter out of the line,
+    or passes the gate on if it had just been handed over; later threads get in as usual."""
+    gate = Gate()
+    gate.enter(1e-5)
+
+    class Interrupting:
+        """A waiter's wake-up lock whose wait is interrupted."""
+
+        def acquire(self, timeout: float) -> bool:
+            raise _Interrupted
+
+    waiter = gate_module._Waiter
+    monkeypatch.setattr(gate_module, "_Waiter", lambda due: waiter(due, Interrupting()))
+    with pytest.raises(_Interrupted):
+        gate.enter(1e-5)
+    monkeypatch.setattr(gate_module, "_Waiter", waiter)
+    assert not gate._waiters
+    gate.leave()
+    entered = threading.Event()
+
+    def enter() -> None:
+        gate.enter(1e-5)
+        entered.set()
+        gate.leave()
+
+    _run([threading.Thread(target=enter)])
+    assert entered.is_set()
+
+
+def _window(choice: gate_module.Choice, start: float, calls: int, overlap: float = 2.0) -> float:
+    """`calls` calls finishing evenly over one trial window from `start`, `overlap` of them in
+    flight at a time; the window's end."""
+    end = start + gate_module.TRIAL_S * 1.001  # the last call closes the window
+    step = (end - start) / calls
+    for i in range(calls):
+        done = start + (i + 1) * step
+        choice.record(done - overlap * step, done)
+    return end
+
+
+@pytest.mark.parametrize(("gated_calls", "side_by_side_calls", "chosen"), [(900, 400, True), (500, 1000, False)])
+def test_choice_keeps_the_way_that_made_more_calls(gated_calls, side_by_side_calls, chosen):
+    choice = gate_module.Choice(0.0)
+    assert choice.gated  # before any trial: turns, which never collapse
+    now = _window(choice, 0.0, gated_calls)
+    assert not choice.gated  # the other way next: a window to settle, then one timed
+    now = _window(choice, now, 10)
+    assert not choice.gated
+    now = _window(choice, now, side_by_side_calls)
+    assert choice.gated is chosen
+    for _ in range(gate_module.KEEP_WINDOWS):  # it stands, whatever these windows make
+        now = _window(choice, now, 10)
+        assert choice.gated is chosen
+    _window(choice, now, 10)  # then both are tried again, from the way that stood
+    assert choice.gated is not chosen
+
+
+def test_choice_ignores_windows_whose_calls_did_not_overlap():
+    choice = gate_module.Choice(0.0)
+    now = 0.0
+    for _ in range(3):
+        now = _window(choice, now, 1000, overlap=1.0)  # one thread calling back to back
+    assert choice.gated and not choice._rates
+    _window(choice, now, 1000, overlap=2.0)
+    assert not choice.gated
