@@ -57,13 +57,13 @@ def opset_of(model: Any) -> int:
     return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
-def has_external_data(model: Any, path: Path) -> bool:
-    """Whether any initializer of the model at `path` keeps its bytes in an external data file
-    (other than the model file itself, where `load_graph` leaves a large model's inline weights)."""
+def has_external_data(model: Any, path: Path | None = None) -> bool:
+    """Whether any initializer keeps its bytes in an external data file (with the model's `path`:
+    other than the model file itself, where `load_graph` leaves a large model's inline weights)."""
     from onnx.external_data_helper import uses_external_data
 
     def elsewhere(tensor) -> bool:
-        return any(e.key == "location" and e.value != path.name for e in tensor.external_data)
+        return path is None or any(e.key == "location" and e.value != path.name for e in tensor.external_data)
 
     return any(uses_external_data(t) and elsewhere(t) for t in model.graph.initializer)
 
