@@ -32,7 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from portkern.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError
-from portkern.portable.framing import read_bounded
+from portkern.portable.framing import file_sha256 as read_sha256, read_bounded
 
 #: Suffix of a detached signature file.
 SIGNATURE_SUFFIX = ".sig"
@@ -293,7 +293,7 @@ def verify_file(path: str | Path, data: bytes | None, trusted: tuple[TrustedKey,
     if data is None:
         try:
             with open(path, "rb") as f:
-                file_sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+                file_sha256 = read_sha256(f)
         except OSError as exc:
             return Verdict(True, reason=f"signed, but the file cannot be read ({exc.strerror or exc})")
         return verify_value(None, b"", signature, trusted, file_sha256)

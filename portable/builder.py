@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -13,6 +12,7 @@ from portkern.portable.bundle import IREE_KINDS, Bundle, KernelRecord, Stage, sh
 from portkern.portable.compiler import Compiler, bytecode
 from portkern.portable.contract_ir import build_contract
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
+from portkern.portable.framing import file_sha256
 from portkern.portable.lower import BUILD_FLAGS, PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
 from portkern.portable.parameters import ParameterData
@@ -54,7 +54,7 @@ def build_kernel(
     a kernel compiled by IREE also keeps its source stage, for other IREE releases.
     """
     with open(spec.source, "rb") as f:  # streamed: a model's inline weights are never held whole
-        source_sha = hashlib.file_digest(f, "sha256").hexdigest()
+        source_sha = file_sha256(f)
     if spec.kind in IREE_KINDS:
         lowered = lower_source(spec, compiler, workdir)
         blob = sha256(lowered.stage_bytes)

@@ -135,6 +135,15 @@ def _decode(fmt: Format, payload: memoryview) -> Any:
         raise fmt.malformed(f"payload is not valid msgpack ({type(exc).__name__}: {exc})") from None
 
 
+def file_sha256(f: BinaryIO, chunk: int = 1 << 20) -> str:
+    """The sha256 hex digest of a binary file read from its position to its end, a chunk at a
+    time (`hashlib.file_digest` needs Python 3.11)."""
+    digest = hashlib.sha256()
+    while block := f.read(chunk):
+        digest.update(block)
+    return digest.hexdigest()
+
+
 def read_bounded(path: str | Path, limit: int, what: str, error: type[Exception], oversize: type[Exception] | None = None) -> bytes:
     """A file's bytes; `oversize` (default `error`) if it holds more than `limit` bytes,
     `error` if it cannot be read. Never reads more than `limit` + 1 bytes."""
