@@ -39,7 +39,8 @@ from portkern.cache.store import Store
 from portkern.examples import MANIFEST, serving_models
 from portkern.examples.reference import EXAMPLES
 from portkern.jit.loader import Kernel
-from portkern.jit.runtime import Executable, distinct
+from portkern.jit.runtime import Executable
+from portkern.jit.vmcall import distinct
 from portkern.portable.builder import build_file
 
 #: Kernel -> its size class, in the order of the table.

@@ -42,7 +42,7 @@ MAX_SCRATCH_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
-class Plan:
+class BuildChoice:
     """How a kernel is built for a device: which variant, from which stage, with which options."""
 
     launch: Launch
@@ -82,8 +82,8 @@ def select_variant(name: str, launch: Launch, target: Target, config: str = DEFA
     raise DeviceError(f"kernel {name!r} is built for sub-group sizes {built}; {target.label} has {has}")
 
 
-def plan(blobs: Mapping[str, bytes], record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Plan:
-    """The build plan (`blobs`: the bundle's blobs by name), from the launch description and the
+def build_choice(blobs: Mapping[str, bytes], record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> BuildChoice:
+    """The build choice (`blobs`: the bundle's blobs by name), from the launch description and the
     SPIR-V header alone (the module itself is read in a worker, by `build`); DeviceError if the
     device takes neither the SPIR-V version nor SPIR 1.2."""
     launch = launch_of(record)
@@ -96,9 +96,9 @@ def plan(blobs: Mapping[str, bytes], record: KernelRecord, target: Target, confi
     fp = target.fingerprint
     il = [tuple(map(int, v.split("."))) for v in fp.property("il_versions").split(",") if v]
     if any(have >= version for have in il):
-        return Plan(launch, variant, stages["spirv"], ())
+        return BuildChoice(launch, variant, stages["spirv"], ())
     if fp.property("spir") and "spir-bitcode" in stages:
-        return Plan(launch, variant, stages["spir-bitcode"], opencl.SPIR_OPTIONS)
+        return BuildChoice(launch, variant, stages["spir-bitcode"], opencl.SPIR_OPTIONS)
     takes = f"SPIR-V {', '.join(fp.property('il_versions').split(','))}" if il else "no SPIR-V IL"
     raise DeviceError(
         f"kernel {record.name!r} is SPIR-V {version[0]}.{version[1]}; {target.label} takes {takes}"
@@ -129,7 +129,7 @@ def build(record: KernelRecord, blobs: Mapping[str, bytes], target: Target, conf
     """The native program binary for a kernel (the point `config` names) on an OpenCL device
     (run in a worker: the driver reads the bundle's SPIR-V or SPIR here)."""
     cl = opencl.pyopencl()
-    chosen = plan(blobs, record, target, config)
+    chosen = build_choice(blobs, record, target, config)
     spirv_stage = next(record.stages[i] for i in chosen.variant.stages if record.stages[i].format == "spirv")
     check_device(_module(blobs[spirv_stage.blob], record.name), record.name, target)
     ctx, _ = opencl.context(target)

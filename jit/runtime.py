@@ -8,13 +8,14 @@ on the executor ran at least `EXECUTOR_GAIN` times faster than on the calling th
 executor workers against 1.0 ms inline). Otherwise, and always while calls overlap
 (and for `OVERLAP_WINDOW_S` after), calls run on the calling thread (`local-sync`):
 concurrent callers then each keep a core busy rather than queue on, or preempt, the
-executor. Of a short call, much is Python work, and the runtime call releases the GIL
-twice (argument copy, invoke): side by side, threads pass the GIL to and fro with a
-wake-up each time (two threads made half the calls of one with a 30 us kernel, while a
-90 us one, two thirds native work, made 1.8 times as many). So calls shorter than
-`SMALL_CALL_S` either take turns at the process's gate (`jit/gate.py`: one thread at a
-time runs them back to back, the others sleep off the GIL until their turn) or run side
-by side, whichever made more calls a second when the kernel's own calls tried both.
+executor. On the CPU a call with NumPy arrays is one runtime call (`jit/vmcall.py`), which
+releases the GIL once, for the invocation. Of a short call, much is still Python work:
+side by side, threads pass the GIL to and fro with a wake-up each time (two threads made
+half the calls of one with a 30 us kernel, while a 90 us one, two thirds native work, made
+1.8 times as many). So calls shorter than `SMALL_CALL_S` either take turns at the
+process's gate (`jit/gate.py`: one thread at a time runs them back to back, the others
+sleep off the GIL until their turn) or run side by side, whichever made more calls a
+second when the kernel's own calls tried both.
 
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
@@ -34,6 +35,7 @@ import numpy as np
 
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
 from portkern.jit.gate import Choice, Gate
+from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct
 
 if TYPE_CHECKING:
     from portkern.jit.parameters import KernelParameters
@@ -145,6 +147,8 @@ class _Loaded:
             self.function = self.context.modules[module.name][entry]
         except (RuntimeError, ValueError, KeyError) as exc:
             raise KernelRuntimeError(f"cannot load native code for {entry!r}: {exc}") from None
+        #: NumPy in, NumPy out in one runtime call (on drivers whose device memory is host memory).
+        self.call = VmCall(entry, self.context.vm_context, self.function.vm_function, config.device) if driver in LOCAL_DRIVERS else None
 
 
 def _parameters_module(instance, parameters: "KernelParameters"):
@@ -216,25 +220,32 @@ class Executable:
             except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
-    def _run(self, arrays):
+    def _host_call(self, driver: str, arrays) -> list[np.ndarray]:
+        """NumPy arrays (or device arrays from `upload`) in, NumPy arrays out, on `driver`."""
+        loaded = self._load(driver)
+        if loaded.call is not None and all(type(array) is np.ndarray for array in arrays):
+            return loaded.call(arrays)
+        return self._to_host(self._invoke(loaded, arrays))
+
+    def _run(self, arrays) -> list[np.ndarray]:
         """Run NumPy arrays on the task executor when the call is alone and that pays, else inline."""
         inline = INLINE.get(self.driver)
         if inline is None:
-            return self.invoke(*arrays)
+            return self._host_call(self.driver, arrays)
         traffic = _process.traffic
         alone = traffic.enter()
         try:
             if alone and self._inline_probes >= INLINE_PROBES and self._inline_s >= SMALL_CALL_S:
                 if self._executor_probes < EXECUTOR_PROBES:
                     start = time.perf_counter()
-                    results = self.invoke(*arrays)
+                    results = self._host_call(self.driver, arrays)
                     self._executor_s = min(self._executor_s, time.perf_counter() - start)
                     self._executor_probes += 1
                     return results
                 if self._executor_s * EXECUTOR_GAIN <= self._inline_s:
-                    return self.invoke(*arrays)
+                    return self._host_call(self.driver, arrays)
             start = time.perf_counter()
-            results = self._invoke(self._load(inline), arrays)
+            results = self._host_call(inline, arrays)
             if self._inline_probes < INLINE_PROBES:
                 self._inline_s = min(self._inline_s, time.perf_counter() - start)
                 self._inline_probes += 1
@@ -247,15 +258,15 @@ class Executable:
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         choice = self._choice
         if choice is None:
-            return self._to_host(self._run(arrays))
+            return self._run(arrays)
         start = time.monotonic()
         try:
             if not choice.gated:
-                return self._to_host(self._run(arrays))
+                return self._run(arrays)
             gate = _process.gate
             gate.enter(self._inline_s)
             try:  # inline: a call this short never pays its way on the task executor
-                return self._to_host(self._invoke(self._load(INLINE[self.driver]), arrays))
+                return self._host_call(INLINE[self.driver], arrays)
             finally:
                 gate.leave()
         finally:
@@ -268,14 +279,6 @@ class Executable:
         if not isinstance(results, (tuple, list)):
             results = (results,)
         return distinct([np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results])
-
-
-def distinct(arrays: list[np.ndarray]) -> list[np.ndarray]:
-    """The arrays, each one copied if it shares memory with an earlier one."""
-    out: list[np.ndarray] = []
-    for array in arrays:
-        out.append(array.copy() if any(np.may_share_memory(array, seen) for seen in out) else array)
-    return out
 
 
 @contextlib.contextmanager

@@ -75,8 +75,8 @@ class OpenclToolchain:
         return self._native.compiler_id()
 
     def stage(self, bundle: Bundle, record: KernelRecord, target: Target, config: str) -> tuple[Stage, tuple[str, ...]]:
-        plan = self._native.plan(bundle.blobs, record, target, config)
-        return plan.stage, plan.key_flags
+        chosen = self._native.build_choice(bundle.blobs, record, target, config)
+        return chosen.stage, chosen.key_flags
 
     def check(self, stage: Stage, name: str) -> None:
         """Nothing to refuse beyond what `stage` checked."""

@@ -40,6 +40,27 @@ func.func @main(%a: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
 }
 """
 
+IDENTITY = """
+func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {
+  return %a : tensor<?xf32>
+}
+"""
+
+ADD_DYNAMIC = """
+func.func @main(%a: tensor<?xf32>, %b: tensor<?xf32>) -> tensor<?xf32> {
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %a, %c0 : tensor<?xf32>
+  %e = tensor.empty(%n) : tensor<?xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+                       iterator_types = ["parallel"]} ins(%a, %b : tensor<?xf32>, tensor<?xf32>) outs(%e : tensor<?xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %u = arith.addf %x, %y : f32
+    linalg.yield %u : f32
+  } -> tensor<?xf32>
+  return %r : tensor<?xf32>
+}
+"""
+
 #: Copies in a large vector and reads four elements of it: the call's time is spent converting
 #: its arguments, where IREE's Python glue used to turn a pending SIGINT into a ValueError.
 COPY_HEAVY = """
@@ -91,7 +112,9 @@ kernels:
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    path = build_mlir(tmp_path_factory.mktemp("call-path"), scalar_add=SCALAR_ADD, returns_twice=RETURNS_TWICE)
+    path = build_mlir(
+        tmp_path_factory.mktemp("call-path"), scalar_add=SCALAR_ADD, returns_twice=RETURNS_TWICE, identity=IDENTITY, add_dynamic=ADD_DYNAMIC
+    )
     return portkern.load(path)
 
 
@@ -117,6 +140,60 @@ def test_results_returned_twice_are_distinct_arrays(bundle):
     np.testing.assert_allclose(second, 2 * x, rtol=0, atol=0)
     first[0] = 99
     assert second[0] == 0 and not np.shares_memory(first, second)
+
+
+def _aligned(values: np.ndarray, offset: int = 0) -> np.ndarray:
+    """A copy of `values` whose data starts `offset` bytes past a 64-byte boundary."""
+    raw = np.empty(values.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start:start + values.nbytes].view(values.dtype).reshape(values.shape)
+    out[...] = values
+    return out
+
+
+def test_a_result_that_is_an_argument_is_a_copy(bundle):
+    """A wrapped (64-byte aligned) argument the kernel returns as it is comes back as a copy:
+    writing to one never changes the other."""
+    x = _aligned(np.arange(16, dtype=np.float32))
+    assert x.ctypes.data % 64 == 0
+    out = bundle.kernel("identity")(x)
+    np.testing.assert_array_equal(out, np.arange(16, dtype=np.float32))
+    assert not np.shares_memory(out, x)
+    x[0], out[1] = 50, 60
+    assert (out[0], x[1]) == (0, 1)
+
+
+@pytest.mark.parametrize("layout", ["aligned", "unaligned", "read-only", "empty"])
+def test_arguments_wrapped_or_copied_give_numpys_result(bundle, layout):
+    """Arguments IREE may use in place (64-byte aligned, writable) and those it may not
+    (misaligned, read-only) give the same results, and are left as they were."""
+    rng = np.random.default_rng(1)
+    a, b = (rng.standard_normal(0 if layout == "empty" else 1001).astype(np.float32) for _ in range(2))
+    if layout in ("aligned", "unaligned", "empty"):
+        a, b = _aligned(a, 0 if layout != "unaligned" else 4), _aligned(b, 0 if layout != "unaligned" else 8)
+    else:
+        a.flags.writeable = b.flags.writeable = False
+    before = (a.copy(), b.copy())
+    kernel = bundle.kernel("add_dynamic")
+    for _ in range(3):
+        out = kernel(a, b)
+        np.testing.assert_allclose(out, before[0] + before[1], rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(a, before[0])
+    np.testing.assert_array_equal(b, before[1])
+
+
+def test_results_keep_their_memory_after_later_calls(bundle):
+    """A result's memory stays its own while later calls run and the call's runtime objects are gone."""
+    kernel = bundle.kernel("add_dynamic")
+    x = np.arange(64, dtype=np.float32)
+    kept = [kernel(x, np.full(64, i, np.float32)) for i in range(20)]
+    import gc
+
+    gc.collect()
+    for _ in range(20):
+        kernel(x, np.full(64, -1, np.float32))
+    for i, out in enumerate(kept):
+        np.testing.assert_array_equal(out, x + i)
 
 
 def test_zero_d_opencl_buffers(tmp_path):

@@ -155,10 +155,10 @@ def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served,
     monkeypatch.setattr(executable, "_executor_s", executor_ms * 1e-3)
     monkeypatch.setattr(runtime, "OVERLAP_WINDOW_S", 0.0)
     used: list[str] = []
-    invoke = executable.invoke
-    monkeypatch.setattr(executable, "invoke", lambda *arrays: used.append("executor") or invoke(*arrays))
+    host_call = executable._host_call
+    monkeypatch.setattr(executable, "_host_call", lambda driver, arrays: used.append(driver) or host_call(driver, arrays))
     assert _check_calls(kernel, 3, calls=2) == ""
-    assert used == (["executor"] * 2 if on_executor else [])
+    assert used == (["local-task"] * 2 if on_executor else ["local-sync"] * 2)
 
 
 def _calls_from_threads(kernel, threads: int = 4, calls: int = 4) -> list[str]:
