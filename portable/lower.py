@@ -14,7 +14,7 @@ from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.dtypes import BY_ELEMENT
 from portkern.portable.manifest import KernelSpec
-from portkern.portable.onnx_parameters import has_external_data, importer_flags, is_large, load_graph, opset_of, parameter_data
+from portkern.portable.onnx_parameters import has_external_data, importer_flags, is_large, load_kernel_graph, opset_of, parameter_data
 from portkern.portable.parameters import ParameterData, referenced
 from portkern.portable.onnx_limits import check_model
 from portkern.portable.onnx_model import failing_operator
@@ -79,18 +79,21 @@ def lower_source(spec: KernelSpec, compiler: Compiler, workdir: Path | None = No
 def _import_onnx_kernel(spec: KernelSpec) -> tuple[bytes, tuple[ParameterData, ...]]:
     """The importer's MLIR for an ONNX kernel, and its parameters. A large model at opset
     ONNX_OPSET or newer reaches the checks and the importer without its inline weights
-    (`load_graph` leaves them in the file, whence the bundle's section is written)."""
-    model = load_graph(spec.source)
-    if is_large(spec.source) and opset_of(model) >= ONNX_OPSET:
-        data = model.SerializeToString()
-        check_model(data, str(spec.source))
-        with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
-            path = Path(tmp) / spec.source.name
-            path.write_bytes(data)
-            text = import_onnx(path, large=True, shown=spec.source)
+    (`load_graph` leaves them in the file, whence the bundle's section is written). The importer
+    reads the model as the bundle keeps it: MatMul weights transposed (`portable.onnx_layout`)."""
+    model, transposed = load_kernel_graph(spec.source)
+    large = is_large(spec.source) and opset_of(model) >= ONNX_OPSET
+    if large:
+        check_model(model.SerializeToString(), str(spec.source))
     else:
         # older models are upgraded by the importer first, which needs the whole model
         check_model(spec.source.read_bytes(), str(spec.source))
+    if large or transposed:
+        with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
+            path = Path(tmp) / spec.source.name
+            path.write_bytes(model.SerializeToString())
+            text = import_onnx(path, large=large or has_external_data(model, spec.source), shown=spec.source)
+    else:
         text = import_onnx(spec.source, large=has_external_data(model, spec.source))
     return text, parameter_data(model, spec.source, spec.name, referenced(text))
 

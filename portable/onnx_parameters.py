@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from portkern.errors import BuildError
+from portkern.portable.onnx_layout import TRANSPOSED_KEY, transpose_matmul_weights
 from portkern.portable.onnx_wire import strip_initializers
-from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, bytes_pieces, file_pieces
+from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, bytes_pieces, file_pieces, transposed_file_pieces
 
 #: Initializers with at least this many elements become parameters (1 KiB of float32).
 ELEMENTS_THRESHOLD = 256
@@ -50,6 +51,13 @@ def load_graph(path: Path) -> Any:
         return onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types
         raise BuildError(f"{path}: ONNX import failed: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
+
+
+def load_kernel_graph(path: Path) -> tuple[Any, list[str]]:
+    """`load_graph`'s model with its MatMul and Gemm weights stored transposed
+    (`portable.onnx_layout`), as the bundle keeps it, and the names of those weights."""
+    model = load_graph(path)
+    return model, transpose_matmul_weights(model, ELEMENTS_THRESHOLD)
 
 
 def opset_of(model: Any) -> int:
@@ -91,11 +99,11 @@ def parameter_data(model: Any, path: Path, kernel: str, references: list[tuple[s
         for dim in tensor.dims:
             count *= dim
         size = count * itemsize
-        data.append(ParameterData(kernel, scope, name, size, _reader(tensor, path, size)))
+        data.append(ParameterData(kernel, scope, name, size, _reader(tensor, path, size, itemsize)))
     return tuple(data)
 
 
-def _reader(tensor: Any, path: Path, size: int):
+def _reader(tensor: Any, path: Path, size: int, itemsize: int):
     from onnx import numpy_helper
     from onnx.external_data_helper import uses_external_data
 
@@ -113,6 +121,8 @@ def _reader(tensor: Any, path: Path, size: int):
         length = int(info.get("length", available))
         if length != size or available < size:
             raise BuildError(f"{path}: external data of {tensor.name!r} has {min(length, available)} bytes, its shape needs {size}")
+        if TRANSPOSED_KEY in info:  # stored as dims[1] x dims[0], kept as dims
+            return transposed_file_pieces(location, offset, tensor.dims[1], tensor.dims[0], itemsize)
         return file_pieces(location, offset, size)
     # The bytes are taken from the model only when written: a copy of one tensor at a time.
     if tensor.HasField("raw_data"):

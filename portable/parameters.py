@@ -15,6 +15,7 @@ most `COPY_BYTES`, so building needs memory for one piece, not the model.
 from __future__ import annotations
 
 import hashlib
+import mmap
 import os
 import re
 from dataclasses import dataclass
@@ -32,6 +33,12 @@ CHUNK_BYTES = 64 << 20
 MAX_SECTION_BYTES = 1 << 40
 #: Bytes read or written at a time while copying or hashing.
 COPY_BYTES = 8 << 20
+#: Bytes of a transposed parameter made at a time (`transposed_file_pieces`): at most this, and
+#: at most a sixteenth of the parameter (but COPY_BYTES), so that a build's memory stays well
+#: under the largest tensor; larger blocks map each source page fewer times.
+TRANSPOSE_BYTES = 64 << 20
+#: Source rows transposed at a time within such a block (a tile that stays in the CPU's cache).
+TRANSPOSE_TILE_ROWS = 256
 #: The scope IREE's importers put parameters in (`#stream.parameter.named<"model"::"...">`).
 DEFAULT_SCOPE = "model"
 
@@ -276,6 +283,48 @@ def file_pieces(path: os.PathLike | str, offset: int, length: int) -> Reader:
                 yield piece
 
     return read
+
+
+def transposed_file_pieces(path: os.PathLike | str, offset: int, rows: int, cols: int, itemsize: int) -> Reader:
+    """A reader of the transpose (cols x rows) of a row-major rows x cols matrix of `itemsize`-byte
+    elements that lies in a file from `offset`: made a block of whole output rows at a time (see
+    TRANSPOSE_BYTES) from a read-only mapping whose pages are let go as they are read, so memory
+    stays about one block."""
+    import numpy as np
+
+    element = np.dtype(f"u{itemsize}") if itemsize in (1, 2, 4, 8) else np.dtype(f"V{itemsize}")
+    length = rows * cols * itemsize
+    block_bytes = min(TRANSPOSE_BYTES, max(COPY_BYTES, length // 16))
+    per_block = max(1, min(cols, block_bytes // max(1, rows * itemsize)))
+
+    def read() -> Iterator[bytes]:
+        if length == 0:
+            return
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        with open(path, "rb") as f, mmap.mmap(f.fileno(), offset - start + length, offset=start, access=mmap.ACCESS_READ) as mapped:
+            source = np.frombuffer(mapped, dtype=element, count=rows * cols, offset=offset - start).reshape(rows, cols)
+            try:
+                for first in range(0, cols, per_block):
+                    last = min(cols, first + per_block)
+                    block = np.empty((last - first, rows), dtype=element)
+                    for row in range(0, rows, TRANSPOSE_TILE_ROWS):
+                        end = min(rows, row + TRANSPOSE_TILE_ROWS)
+                        block[:, row:end] = source[row:end, first:last].T
+                        # the OS maps whole neighbourhoods of the rows read: let them go at once
+                        _release(mapped, offset - start + row * cols * itemsize, offset - start + end * cols * itemsize)
+                    yield memoryview(block.reshape(-1).view(np.uint8))
+                    del block
+            finally:
+                del source
+
+    return read
+
+
+def _release(mapped: mmap.mmap, begin: int, end: int) -> None:
+    """Drop a read-only mapping's pages in [begin, end) from this process (not from the page cache)."""
+    if hasattr(mmap, "MADV_DONTNEED"):
+        begin -= begin % mmap.PAGESIZE
+        mapped.madvise(mmap.MADV_DONTNEED, begin, min(len(mapped), end + mmap.PAGESIZE) - begin)
 
 
 def bytes_pieces(data: bytes | memoryview) -> Reader:

@@ -34,7 +34,7 @@ from portkern.portable.lower import ONNX_OPSET, PORTABLE_PHASE, Lowered, import_
 from portkern.portable.compiler import Compiler
 from portkern.portable.manifest import KernelSpec
 from portkern.portable.onnx_model import failing_operator
-from portkern.portable.onnx_parameters import has_external_data, load_graph, opset_of, sanitized
+from portkern.portable.onnx_parameters import has_external_data, load_kernel_graph, opset_of, sanitized
 from portkern.portable.parameters import referenced
 from portkern.portable.producer import installed_compiler, same_release
 
@@ -59,7 +59,7 @@ def source_stage(spec: KernelSpec, lowered: Lowered) -> tuple[Stage, bytes]:
     """A kernel's source stage (recorded as written by the release that built the bundle) and its bytes."""
     producer = replace(lowered.producer, bytecode_version=None)
     if spec.kind == "onnx":
-        model = upgraded(load_graph(spec.source))
+        model = upgraded(load_kernel_graph(spec.source)[0])
         info = {"opset": opset_of(model), "ir_version": int(model.ir_version)}
         if not info["opset"]:
             raise BuildError(f"{spec.source}: the ONNX model imports no default-domain opset")

@@ -20,6 +20,8 @@ from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.portable.bundle import read_bundle
 from portkern.portable.builder import build_file
+from portkern.portable.onnx_layout import transpose_matmul_weights
+from portkern.portable.onnx_parameters import ELEMENTS_THRESHOLD
 from portkern.portable.producer import installed_compiler
 from portkern.portable.source import MLIR_TEXT, ONNX_PROTOBUF, PARAMETER_LOCATION, CompatibilityWarning
 
@@ -46,12 +48,14 @@ def test_the_builder_keeps_a_source_stage_per_kernel(examples_bundle):
 
 
 def assert_weights_stored_once(bundle, record, data: bytes) -> None:
-    """An ONNX source stage holds the model as written except the initializers that are parameters:
-    those have no bytes, are marked as the bundle's parameters and are named as in its section."""
+    """An ONNX source stage holds the model as the bundle keeps it (its MatMul weights transposed,
+    `portable.onnx_layout`) except the initializers that are parameters: those have no bytes, are
+    marked as the bundle's parameters and are named as in its section."""
     import onnx
     from onnx.external_data_helper import uses_external_data
 
     model, original = onnx.load_model_from_string(data), onnx.load(MANIFEST.parent / "mlp.onnx")
+    assert transpose_matmul_weights(original, ELEMENTS_THRESHOLD) == ["W1", "W2"]
     marked = {t.name for t in model.graph.initializer if uses_external_data(t)}
     assert marked and marked == {p.name for p in record.parameters}
     for tensor, written in zip(model.graph.initializer, original.graph.initializer, strict=True):
