@@ -63,6 +63,11 @@ class Gate:
         #: waits; read without the lock: a stale value only moves a turn by one call).
         self._due = float("inf")
 
+    @property
+    def waiting(self) -> int:
+        """How many threads wait to go in."""
+        return len(self._waiters)
+
     def enter(self, nap_s: float) -> None:
         """Return once this thread is the one inside; `nap_s`: about one call's time."""
         if (not self._waiters or time.monotonic() < self._due) and self._inside.acquire(blocking=False):
@@ -154,8 +159,9 @@ CLEAR_WIN = 1.25
 MAX_KEEP_WINDOWS = 300
 #: A window counts when its calls took this many times its length (calls overlapped).
 CONTENDED = 1.5
-#: The way that stands is tried again at once when the calls in flight (on average over a
-#: window) become this many times more, or fewer, than during its trial.
+#: The way that stands is tried again at once when the calls in flight (on average as calls
+#: end, over a window) become this many times more, or fewer, than during its trial (unless
+#: it won clearly: turns then stand for any callers, side by side for fewer).
 LEVEL_CHANGE = 1.5
 
 
@@ -164,7 +170,7 @@ class Choice:
     kernel's own calls while several threads make them at once. A trial times a window of
     `TRIAL_S` each way (after a window for the switch to settle); the way that completed more
     calls a second stands for `KEEP_WINDOWS` windows (longer after repeated clear wins), or
-    until the number of calls in flight changes, then both are tried again. Turns win where a
+    until the number of calls in flight changes (see `LEVEL_CHANGE`), then both are tried again. Turns win where a
     call is mostly Python work; side by side where native work, run without the GIL, is most
     of a call. Windows whose calls did not overlap count for nothing: a lone thread passes
     the gate at no cost."""
@@ -178,8 +184,10 @@ class Choice:
         self._start = now
         self._calls = 0
         self._busy = 0.0
+        self._callers = 0
         self._rates: dict[bool, float] = {}
-        #: Calls in flight, on average, in the first window of the last trial.
+        #: Calls in flight (on average, as calls ended) in each way's trial window, and in the winner's.
+        self._levels: dict[bool, float] = {}
         self._level = 0.0
         self._keep = 0
         #: How many windows the last winner stood; the way that won the last trial clearly (None
@@ -188,36 +196,41 @@ class Choice:
         self._winner: bool | None = None
         self._settling = False
 
-    def record(self, start: float, end: float) -> None:
-        """Count a call that ran from `start` to `end` (`time.monotonic()`, gate included)."""
+    def record(self, start: float, end: float, callers: int) -> None:
+        """Count a call that ran from `start` to `end` (`time.monotonic()`, gate included)
+        while `callers` calls (this one included) were in flight."""
         self._calls += 1
         self._busy += end - start
+        self._callers += callers
         length = end - self._start
         if length < TRIAL_S or not self._lock.acquire(blocking=False):
             return
         try:
             if self._busy >= CONTENDED * length:
-                self._close_window(self._calls / length, self._busy / length)
-            self._start, self._calls, self._busy = end, 0, 0.0
+                self._close_window(self._calls / length, self._callers / self._calls)
+            self._start, self._calls, self._busy, self._callers = end, 0, 0.0, 0
         finally:
             self._lock.release()
 
     def _close_window(self, rate: float, level: float) -> None:
         if self._keep:
-            if self._level / LEVEL_CHANGE <= level <= self._level * LEVEL_CHANGE:
+            # Side by side loses ground as callers are added, turns do not: a clear win for
+            # turns holds for any callers, one for side by side for as many callers or fewer.
+            fewer = level <= self._level * LEVEL_CHANGE
+            if self._winner is True or (fewer and (self._winner is False or level >= self._level / LEVEL_CHANGE)):
                 self._keep -= 1
                 return
             self._keep, self._winner = 0, None  # other callers now: try both ways again, from this window
         if self._settling:
             self._settling = False
         elif not self._rates:
-            self._rates[self.gated] = rate
-            self._level = level
+            self._rates[self.gated], self._levels[self.gated] = rate, level
             self.gated = not self.gated
             self._settling = True
         else:
-            self._rates[self.gated] = rate
+            self._rates[self.gated], self._levels[self.gated] = rate, level
             winner = max(self._rates, key=self._rates.__getitem__)
+            self._level = self._levels[winner]
             clear = self._rates[winner] >= CLEAR_WIN * self._rates[not winner]
             self._span = min(2 * self._span, MAX_KEEP_WINDOWS) if clear and winner == self._winner else KEEP_WINDOWS
             self._winner = winner if clear else None

@@ -163,7 +163,7 @@ def _window(choice: gate_module.Choice, start: float, calls: int, overlap: float
     step = (end - start) / calls
     for i in range(calls):
         done = start + (i + 1) * step
-        choice.record(done - overlap * step, done)
+        choice.record(done - overlap * step, done, round(overlap))
     return end
 
 
@@ -227,15 +227,23 @@ def test_a_way_that_keeps_winning_clearly_stands_longer():
     assert not choice.gated  # the next trial has begun
 
 
-def test_other_callers_start_a_trial_at_once():
-    """When the calls in flight change (here from 2 to 8 at a time), the way that stands is
-    tried again at once, rather than after its windows."""
+@pytest.mark.parametrize(
+    ("gated_calls", "side_by_side_calls", "overlap", "tried"),
+    [
+        (400, 900, 8.0, True), (400, 900, 2.0, False),  # side by side won clearly
+        (900, 400, 8.0, False), (900, 400, 2.0, False),  # turns won clearly
+        (800, 900, 8.0, True), (800, 900, 2.0, True), (900, 800, 8.0, True),  # close
+    ],
+)
+def test_other_callers_start_a_trial_at_once(gated_calls, side_by_side_calls, overlap, tried):
+    """When the calls in flight change (here from 4 at a time), the way that stands is tried
+    again at once rather than after its windows, unless it won clearly where the change
+    cannot turn the tables: turns, or side by side with fewer callers."""
     choice = gate_module.Choice(0.0)
-    now = _trial(choice, 0.0, 400, 900)
-    assert not choice.gated
-    now = _stands(choice, now, 3)
-    now = _window(choice, now, 400, overlap=8.0)
-    assert choice.gated  # timed side by side at 8 callers; now turns, to compare
-    now = _window(choice, now, 10, overlap=8.0)
-    _window(choice, now, 900, overlap=8.0)
-    assert choice.gated
+    now = _trial(choice, 0.0, gated_calls, side_by_side_calls, overlap=4.0)
+    way = choice.gated
+    for _ in range(3):
+        now = _window(choice, now, 10, overlap=4.0)
+        assert choice.gated is way
+    _window(choice, now, 10, overlap=overlap)
+    assert (choice.gated is not way) is tried
