@@ -39,6 +39,9 @@ from portkern.tuner.search import Budget, Progress, Search
 MIN_GAIN = 0.03
 #: Best candidates per ranking driver that are re-timed side by side with the default.
 FINALISTS = 3
+#: Module options are tried on kernels with a dispatch whose root op's name holds this (data
+#: tiling changes matmuls: IREE 3.13's data-tiled op set).
+OPTION_ROOT = "matmul"
 
 
 class Tuner:
@@ -187,7 +190,7 @@ class _Run:
             base = base.with_dispatch(d.index, config)
             searched = searched or results[d.index].source == "search"
         try:
-            if searched or not base.is_default:
+            if searched and not self.limited and getattr(self.module, "OPTIONS", False):
                 base = self._module_options(base)
             result = self._conclude(base, list(results.values()), "search" if searched else "db")
             result.note = "; ".join(n for n in (result.note, self.options_note) if n)
@@ -202,19 +205,27 @@ class _Run:
         dispatches whose root op is the same; the option with the compiler's default configs is tried too."""
         if not isinstance(self.candidates, IreeCandidates) or self.target.driver not in OPTION_DRIVERS:
             return base
+        if not any(OPTION_ROOT in d.root for d in self.found if d.tunable):
+            return base
         if self.record.source_stage() is None:
-            self.options_note = "module options not tried: the bundle has no source stage"
+            self.options_note = "module options not tried: the kernel has no source stage"
             return base
         chosen = {analysis.root_problem(d.problem): base.get(d.index) for d in self.found if base.get(d.index) is not None}
         variants = [base]
         for option in MODULE_OPTIONS:
             plan = self.natives.plan(self.record, self.target, option)
-            analysed = self.natives.analyse(plan)
+            try:
+                analysed = self.natives.analyse(plan)
+            except PortkernError as exc:
+                self.options_note = f"module option {option} not tried: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                continue
             code = analysed.configured
             self.candidates.add_variant((option,), plan.target, Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE))
             found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
             carried = {d.index: chosen[analysis.root_problem(d.problem)] for d in found if analysis.root_problem(d.problem) in chosen and d.tunable}
             variants += list(dict.fromkeys([KernelConfig.of(carried, (option,)), KernelConfig.of({}, (option,))]))
+        if len(variants) == 1:
+            return base
         names = [str(v) for v in variants]
         timings = self.evaluator.interleaved(names, self.target.driver)
         if str(base) not in timings:
