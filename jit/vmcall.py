@@ -7,8 +7,9 @@ memory IREE may use as it is (64-byte aligned, IREE's buffer alignment contract,
 writable) is wrapped without a copy; another is copied by NumPy into a buffer IREE
 allocates (holding the GIL: a short copy is cheaper than a GIL hand-over). The call then
 releases the GIL once, for the invocation itself. Results are NumPy arrays over the host
-memory of the buffers the call returned (on a local driver, device memory is host memory);
-a result that shares memory with an argument or an earlier result is copied.
+memory of the buffers the call returned (on a local driver, device memory is host memory),
+which every view of them keeps valid (`host_array`); a result that shares memory with an
+argument or an earlier result is copied.
 """
 
 from __future__ import annotations
@@ -83,7 +84,35 @@ class VmCall:
         dtype = self._dtypes.get(int(kind))
         if dtype is None:
             dtype = self._dtypes[int(kind)] = np.dtype(hal.HalElementType.map_to_dtype(kind))
-        return view.map().asarray(view.shape, dtype)
+        return host_array(view.map().asarray(view.shape, dtype))
+
+
+def host_array(array: np.ndarray) -> np.ndarray:
+    """`array` (from IREE's `MappedMemory.asarray`, over runtime memory) as an array that every
+    view of it keeps valid: its base is a memoryview that holds `array`.
+
+    `asarray` ties the mapping's life to the array it returns, which is a view of an inner
+    array over a memoryview that owns nothing; NumPy makes a view's base the innermost array
+    that owns its data or whose base is of another type, here the inner array. So a view
+    (`.view(np.uint64)`, a reshape) outlived the returned array and read memory that later calls
+    reused (test_mul_uint64 of the ONNX node suite)."""
+    if not array.size:
+        return array
+    try:
+        kept = np.asarray(memoryview(array))
+    except ValueError:  # a dtype the buffer protocol cannot state (bfloat16 and other ml_dtypes)
+        kept = np.asarray(_Exported(array))
+    return kept if kept.dtype == array.dtype else kept.view(array.dtype)
+
+
+class _Exported:
+    """An array's memory, by the array interface: the base of arrays made from it, holding it."""
+
+    __slots__ = ("__array_interface__", "_array")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.__array_interface__ = {**array.__array_interface__, "typestr": f"|V{array.dtype.itemsize}", "descr": [("", f"|V{array.dtype.itemsize}")]}
+        self._array = array
 
 
 def distinct(arrays: list[np.ndarray], beside=()) -> list[np.ndarray]:
