@@ -220,11 +220,12 @@ class Executable:
             except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
-    def _host_call(self, driver: str, arrays) -> list[np.ndarray]:
-        """NumPy arrays (or device arrays from `upload`) in, NumPy arrays out, on `driver`."""
+    def _host_call(self, driver: str, arrays, contended: bool = False) -> list[np.ndarray]:
+        """NumPy arrays (or device arrays from `upload`) in, NumPy arrays out, on `driver`;
+        `contended`: other threads' calls overlap this one."""
         loaded = self._load(driver)
         if loaded.call is not None and all(type(array) is np.ndarray for array in arrays):
-            return loaded.call(arrays)
+            return loaded.call(arrays, contended)
         return self._to_host(self._invoke(loaded, arrays))
 
     def _run(self, arrays) -> list[np.ndarray]:
@@ -245,7 +246,7 @@ class Executable:
                 if self._executor_s * EXECUTOR_GAIN <= self._inline_s:
                     return self._host_call(self.driver, arrays)
             start = time.perf_counter()
-            results = self._host_call(inline, arrays)
+            results = self._host_call(inline, arrays, not alone)
             if self._inline_probes < INLINE_PROBES:
                 self._inline_s = min(self._inline_s, time.perf_counter() - start)
                 self._inline_probes += 1

@@ -47,3 +47,35 @@ def test_roots_without_indexing_maps_tune_to_a_result_or_a_reason(name, tmp_path
     inputs, reference = CASES[name]
     arrays = inputs(np.random.default_rng(0))
     np.testing.assert_allclose(kernel(*arrays), reference(*arrays), rtol=1e-5, atol=1e-6)
+
+
+def test_attention_space_keeps_what_compiles_and_prunes_what_does_not(tmp_path, store):
+    """P6: the quick attention tiles (the value head dim whole) compile and match NumPy within
+    1e-5; tiles whose larger contraction reaches IREE's vector limit are pruned, and do fail."""
+    from portkern.errors import FinalizeError
+    from portkern.jit import devices, finalize
+    from portkern.jit.runtime import Executable
+    from portkern.tuner import analysis
+    from portkern.tuner.cpu_config import CpuConfig
+    from portkern.tuner.registry import space_for
+
+    loaded = portkern.load(build_mlir(tmp_path, "roots", attention=ATTENTION), store=store)
+    record, target = loaded.record("attention"), devices.resolve("cpu", store)
+    (dispatch,) = analysis.dispatches(finalize.configure(loaded.bundle, record, target))
+    assert dispatch.root == "iree_linalg_ext.online_attention" and dispatch.sizes == (2, 64, 32, 32, 64)
+    space = space_for(dispatch, threads=2)
+    assert space.attention and space.lane == 2
+    quick = space.quick_candidates(0, [])
+    assert quick and all(c.vector_parallel[2] == 32 for c in quick)  # the head dim whole
+    inputs, reference = CASES["attention"]
+    arrays = inputs(np.random.default_rng(0))
+    for config in quick[:2]:
+        out = Executable(loaded.native(record, target, f"0={config}").data, record.entry, target.driver)(*arrays)[0]
+        np.testing.assert_allclose(out, reference(*arrays), rtol=1e-5, atol=1e-6)
+    # rows x keys x head dim at exactly the limit (native vector bytes x 512)
+    rows = 16
+    keys = dispatch.native_vector_bytes * 512 // dispatch.element_bytes // (rows * 32)
+    pruned = CpuConfig((1, 64, 32, 0, 0), (1, rows, 16, 0, 0), (0, 0, 0, 0, keys))
+    assert space.prune_reason(pruned).startswith("P6")
+    with pytest.raises(FinalizeError, match="large vector sizes"):
+        loaded.native(record, target, f"0={pruned}")
