@@ -51,6 +51,32 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
     return arrays
 
 
+#: Per input, the dtype and shape a call's argument must have exactly (see `static_inputs`).
+StaticInputs = tuple[tuple[np.dtype, tuple[int, ...]], ...]
+
+
+def static_inputs(signature: Signature) -> StaticInputs | None:
+    """Each input's dtype and shape when every input shape is static, else None: a call whose
+    arguments are C-contiguous arrays of exactly these needs no other check."""
+    if any(None in spec.shape for spec in signature.inputs):
+        return None
+    try:
+        return tuple((numpy_dtype(spec.dtype), tuple(spec.shape)) for spec in signature.inputs)
+    except (TypeError, ImportError):  # a dtype this NumPy lacks: `check_arguments` says so
+        return None
+
+
+def exact_arguments(expected: StaticInputs, args: Sequence[object]) -> list[np.ndarray] | None:
+    """The arguments, when each is a C-contiguous NumPy array of exactly the expected dtype and
+    shape; None otherwise (`check_arguments` then converts them or says what is wrong)."""
+    if len(args) != len(expected):
+        return None
+    for arg, (dtype, shape) in zip(args, expected):
+        if type(arg) is not np.ndarray or arg.dtype != dtype or arg.shape != shape or not arg.flags.c_contiguous:
+            return None
+    return list(args)
+
+
 @dataclass(frozen=True)
 class BoundLaunch:
     """A launch description bound to the caller's arrays."""

@@ -14,7 +14,7 @@ from portkern.cache.keys import validated_key
 from portkern.cache.store import UNUSABLE, CacheWarning, Store, default_store
 from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError
 from portkern.jit import background, buckets, devices
-from portkern.jit.args import check_arguments
+from portkern.jit.args import check_arguments, exact_arguments, static_inputs
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
 from portkern.jit.tensors import result_wrapper
@@ -265,6 +265,7 @@ class Kernel:
         self.stage = stage
         #: The exact code being built while baseline code serves (None when there is none).
         self.specialisation: background.Specialisation | None = None
+        self._static = static_inputs(record.signature)
 
     def _specialise(self, pool, build) -> None:
         """Run `build()` -> (native, executable, tuning) on `pool`'s side in the background and
@@ -321,7 +322,9 @@ class Kernel:
     def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
         """Run on NumPy arrays or framework tensors (`__dlpack__`); results are NumPy arrays, or
         torch tensors sharing their memory when every argument is a torch tensor."""
-        arrays = check_arguments(self.name, self.signature, args)
+        arrays = exact_arguments(self._static, args) if self._static is not None else None
+        if arrays is None:
+            arrays = check_arguments(self.name, self.signature, args)
         executable = self._code[1]
         if self.buckets:
             _, _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])

@@ -35,7 +35,7 @@ import numpy as np
 
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
 from portkern.jit.gate import Choice, Gate
-from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct
+from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
 
 if TYPE_CHECKING:
     from portkern.jit.parameters import KernelParameters
@@ -220,11 +220,12 @@ class Executable:
             except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
-    def _host_call(self, driver: str, arrays) -> list[np.ndarray]:
-        """NumPy arrays (or device arrays from `upload`) in, NumPy arrays out, on `driver`."""
+    def _host_call(self, driver: str, arrays, contended: bool = False) -> list[np.ndarray]:
+        """NumPy arrays (or device arrays from `upload`) in, NumPy arrays out, on `driver`;
+        `contended`: other threads' calls overlap this one."""
         loaded = self._load(driver)
         if loaded.call is not None and all(type(array) is np.ndarray for array in arrays):
-            return loaded.call(arrays)
+            return loaded.call(arrays, contended)
         return self._to_host(self._invoke(loaded, arrays))
 
     def _run(self, arrays) -> list[np.ndarray]:
@@ -245,7 +246,7 @@ class Executable:
                 if self._executor_s * EXECUTOR_GAIN <= self._inline_s:
                     return self._host_call(self.driver, arrays)
             start = time.perf_counter()
-            results = self._host_call(inline, arrays)
+            results = self._host_call(inline, arrays, not alone)
             if self._inline_probes < INLINE_PROBES:
                 self._inline_s = min(self._inline_s, time.perf_counter() - start)
                 self._inline_probes += 1
@@ -278,7 +279,14 @@ class Executable:
             return []
         if not isinstance(results, (tuple, list)):
             results = (results,)
-        return distinct([np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results])
+        return distinct([_host(r) for r in results])
+
+
+def _host(result) -> np.ndarray:
+    """A runtime result (a DeviceArray, or a plain value) on the host, kept valid by every view of it."""
+    if not hasattr(result, "to_host"):
+        return np.asarray(result)
+    return host_array(result.to_host())
 
 
 @contextlib.contextmanager

@@ -2,13 +2,16 @@
 
 `iree.runtime`'s FunctionInvoker converts arguments and results generically, in Python, and
 copies each argument into a device buffer with the GIL released; of a 30 us call, about
-10 us went to that glue. Here the VM argument list is built directly: an argument whose
-memory IREE may use as it is (64-byte aligned, IREE's buffer alignment contract, and
-writable) is wrapped without a copy; another is copied by NumPy into a buffer IREE
-allocates (holding the GIL: a short copy is cheaper than a GIL hand-over). The call then
-releases the GIL once, for the invocation itself. Results are NumPy arrays over the host
-memory of the buffers the call returned (on a local driver, device memory is host memory);
-a result that shares memory with an argument or an earlier result is copied.
+10 us went to that glue. Here the VM argument list is built directly. A large argument
+whose memory IREE may use as it is (64-byte aligned, IREE's buffer alignment contract, and
+writable) is wrapped without a copy. Others are copied: by IREE, which releases the GIL
+for the copy (the cheapest way when no other thread wants the GIL), or, for a call made
+while other threads call kernels too, by NumPy into a buffer IREE allocates, holding the
+GIL (a short copy costs less than a GIL hand-over to another thread and back). The call
+then releases the GIL once more, for the invocation itself. Results are NumPy arrays over
+the host memory of the buffers the call returned (on a local driver, device memory is host
+memory), which every view of them keeps valid (`host_array`); a result that shares memory
+with an argument or an earlier result is copied.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from portkern.errors import KernelRuntimeError
 
 #: IREE's heap buffer alignment (IREE_HAL_HEAP_BUFFER_ALIGNMENT): code may assume it of every buffer.
 ALIGNMENT = 64
+#: Arguments this large or larger are wrapped when they can be (smaller ones copy faster than
+#: their alignment is checked).
+WRAP_BYTES = 1 << 16
 #: Drivers whose device memory is host memory (where wrapping and mapping apply).
 LOCAL_DRIVERS = ("local-sync", "local-task")
 
@@ -32,6 +38,7 @@ class VmCall:
         self.entry = entry
         self._context = vm_context
         self._function = vm_function
+        self._device = device
         self._allocator = device.allocator
         self._hal = _binding
         self._memory = int(_binding.MemoryType.HOST_LOCAL | _binding.MemoryType.DEVICE_VISIBLE)
@@ -40,12 +47,13 @@ class VmCall:
         self._element_types: dict[np.dtype, object] = {}
         self._dtypes: dict[int, np.dtype] = {}
 
-    def __call__(self, arrays) -> list[np.ndarray]:
-        """Run on C-contiguous arrays; the results as NumPy arrays."""
+    def __call__(self, arrays, contended: bool = False) -> list[np.ndarray]:
+        """Run on C-contiguous arrays; the results as NumPy arrays. `contended`: other threads
+        are calling kernels now (arguments are then copied without releasing the GIL)."""
         hal = self._hal
         args = hal.VmVariantList(len(arrays))
         for array in arrays:
-            args.push_ref(self._buffer_view(array).ref)
+            args.push_ref(self._buffer_view(array, contended).ref)
         results = hal.VmVariantList(1)
         try:
             self._context.invoke(self._function, args, results)
@@ -53,7 +61,7 @@ class VmCall:
             raise KernelRuntimeError(f"{self.entry}: {exc}") from None
         return distinct([self._result(results, index) for index in range(len(results))], arrays)
 
-    def _buffer_view(self, array: np.ndarray):
+    def _buffer_view(self, array: np.ndarray, contended: bool):
         hal = self._hal
         element_type = self._element_types.get(array.dtype)
         if element_type is None:
@@ -63,8 +71,10 @@ class VmCall:
                 element_type = self._element_types[array.dtype] = map_dtype_to_hal_element_type(array.dtype)
             except (KeyError, ValueError, TypeError) as exc:
                 raise KernelRuntimeError(f"{self.entry}: arrays of {array.dtype} cannot be passed to IREE ({exc})") from None
-        if array.flags.writeable and not array.ctypes.data % ALIGNMENT:
+        if array.nbytes >= WRAP_BYTES and array.flags.writeable and not array.ctypes.data % ALIGNMENT:
             buffer = self._allocator.import_host_allocation(array, self._memory, self._usage)
+        elif not contended:
+            return self._allocator.allocate_buffer_copy(self._memory, self._usage, self._device, array, element_type)
         else:
             buffer = self._allocator.allocate_buffer(self._memory, self._usage, array.nbytes)
             if array.nbytes:
@@ -83,7 +93,35 @@ class VmCall:
         dtype = self._dtypes.get(int(kind))
         if dtype is None:
             dtype = self._dtypes[int(kind)] = np.dtype(hal.HalElementType.map_to_dtype(kind))
-        return view.map().asarray(view.shape, dtype)
+        return host_array(view.map().asarray(view.shape, dtype))
+
+
+def host_array(array: np.ndarray) -> np.ndarray:
+    """`array` (from IREE's `MappedMemory.asarray`, over runtime memory) as an array that every
+    view of it keeps valid: its base is a memoryview that holds `array`.
+
+    `asarray` ties the mapping's life to the array it returns, which is a view of an inner
+    array over a memoryview that owns nothing; NumPy makes a view's base the innermost array
+    that owns its data or whose base is of another type, here the inner array. So a view
+    (`.view(np.uint64)`, a reshape) outlived the returned array and read memory that later calls
+    reused (test_mul_uint64 of the ONNX node suite)."""
+    if not array.size:
+        return array
+    try:
+        kept = np.asarray(memoryview(array))
+    except ValueError:  # a dtype the buffer protocol cannot state (bfloat16 and other ml_dtypes)
+        kept = np.asarray(_Exported(array))
+    return kept if kept.dtype == array.dtype else kept.view(array.dtype)
+
+
+class _Exported:
+    """An array's memory, by the array interface: the base of arrays made from it, holding it."""
+
+    __slots__ = ("__array_interface__", "_array")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.__array_interface__ = {**array.__array_interface__, "typestr": f"|V{array.dtype.itemsize}", "descr": [("", f"|V{array.dtype.itemsize}")]}
+        self._array = array
 
 
 def distinct(arrays: list[np.ndarray], beside=()) -> list[np.ndarray]:

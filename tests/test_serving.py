@@ -156,7 +156,7 @@ def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served,
     monkeypatch.setattr(runtime, "OVERLAP_WINDOW_S", 0.0)
     used: list[str] = []
     host_call = executable._host_call
-    monkeypatch.setattr(executable, "_host_call", lambda driver, arrays: used.append(driver) or host_call(driver, arrays))
+    monkeypatch.setattr(executable, "_host_call", lambda driver, *args: used.append(driver) or host_call(driver, *args))
     assert _check_calls(kernel, 3, calls=2) == ""
     assert used == (["local-task"] * 2 if on_executor else ["local-sync"] * 2)
 
