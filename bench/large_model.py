@@ -7,10 +7,11 @@ with its weights in an ONNX external data file, smaller ones inline) and then, e
 in a fresh child process:
     build: `portkern build` (peak memory of the build and its importer child, from getrusage);
     cold:  empty cache; load + kernel() (checks the parameter chunks, finalises) + first call;
-           COLD_RUNS times, the fastest finalisation kept (finalisation is the worker's compile,
-           from job sent to native code back; the chunk check is timed apart, before it);
+           COLD_RUNS rounds over all sizes, the fastest finalisation of each size kept
+           (finalisation is the worker's compile, from job sent to native code back; the
+           chunk check is timed apart, before it);
     warm:  the cache filled by cold; load + kernel() + first call (nothing hashed, nothing
-           compiled), with the bundle file in the OS page cache as the steps before left it;
+           compiled), with the bundle file in the OS page cache (read through just before);
     numpy: the same forward pass in NumPy over the same weights, mapped from the bundle file
            (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset): what one pass over the weights costs;
     disk:  warm again, after the bundle file's pages were dropped from the page cache
@@ -32,6 +33,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -157,7 +159,28 @@ def fixed_build_memory(workdir: Path) -> int:
     return peak
 
 
-def run_size(label: str, workdir: Path, keep: bool, fixed: int) -> dict:
+@dataclass
+class Size:
+    """One model size: built, then run cold (in rounds, beside the other sizes), then warm."""
+
+    label: str
+    widths: tuple[int, ...]
+    where: Path
+    weights: int
+    external: bool
+    largest: int
+    generate_s: float
+    build: dict
+    env: dict
+    colds: list = field(default_factory=list)
+
+    @property
+    def args(self) -> tuple[str, ...]:
+        return (str(self.where / "m.pkb"), str(BATCH), str(self.widths[0]))
+
+
+def prepare(label: str, workdir: Path, keep: bool) -> Size:
+    """The size's model generated and built (the model removed unless `keep`)."""
     widths = SIZES[label]
     where = workdir / label
     shutil.rmtree(where, ignore_errors=True)
@@ -175,26 +198,43 @@ def run_size(label: str, workdir: Path, keep: bool, fixed: int) -> dict:
             (where / name).unlink(missing_ok=True)
     env = {**os.environ, "PORTKERN_CACHE_DIR": str(where / "cache")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
-    args = (str(where / "m.pkb"), str(BATCH), str(widths[0]))
-    colds = []
-    for _ in range(COLD_RUNS):  # each from an empty cache; the last one's entry serves the warm runs
-        shutil.rmtree(where / "cache", ignore_errors=True)
-        colds.append(child(CHILD_RUN, *args, str(where / "cold.npy"), "keep", env=env))
-    cold = min(colds, key=lambda run: run["finalize_s"])
-    warm = child(CHILD_RUN, *args, str(where / "warm.npy"), "keep", env=env)
+    return Size(label, widths, where, weights, external, largest, generate_s, build, env)
+
+
+def run_cold(size: Size) -> None:
+    """One cold run, from an empty cache (the last one's entry serves the warm runs)."""
+    shutil.rmtree(size.where / "cache", ignore_errors=True)
+    size.colds.append(child(CHILD_RUN, *size.args, str(size.where / "cold.npy"), "keep", env=size.env))
+
+
+def read_through(path: Path) -> None:
+    """Read a file once, so that its pages are in the OS page cache."""
+    with open(path, "rb", buffering=0) as f:
+        while f.read(64 << 20):
+            pass
+
+
+def finish(size: Size, fixed: int, keep: bool) -> dict:
+    """The warm, NumPy and page-cache-dropped runs, and the size's figures."""
+    where, widths, env = size.where, size.widths, size.env
+    cold = min(size.colds, key=lambda run: run["finalize_s"])
+    read_through(where / "m.pkb")
+    warm = child(CHILD_RUN, *size.args, str(where / "warm.npy"), "keep", env=env)
     numpy_env = {k: v for k, v in env.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     numpy_pass = child(CHILD_NUMPY, str(where / "m.pkb"), json.dumps(widths), env=numpy_env)
-    disk = child(CHILD_RUN, *args, str(where / "disk.npy"), "evict", env=env)
+    disk = child(CHILD_RUN, *size.args, str(where / "disk.npy"), "evict", env=env)
     x = np.random.default_rng(1).standard_normal((BATCH, widths[0]), dtype=np.float32)
     expected = reference(x, widths, SEED)
     error = max(float(np.max(np.abs(np.load(where / f"{run}.npy") - expected) / (1 + np.abs(expected)))) for run in ("cold", "warm", "disk"))
     bundle_bytes = (where / "m.pkb").stat().st_size
+    build, weights, largest = size.build, size.weights, size.largest
     result = {
-        "size": label,
+        "size": size.label,
+        "widths": list(widths),
         "weights_bytes": weights,
-        "external_data": external,
+        "external_data": size.external,
         "largest_tensor_bytes": largest,
-        "generate_s": generate_s,
+        "generate_s": size.generate_s,
         "build_s": build["build_s"],
         "build_peak_bytes": build["peak_bytes"],
         "build_peak_over_largest": build["peak_bytes"] / largest,
@@ -205,7 +245,7 @@ def run_size(label: str, workdir: Path, keep: bool, fixed: int) -> dict:
         "cache_entry_bytes": cold["entry_bytes"],
         "entry_over_weights": cold["entry_bytes"] / weights,
         "cold_finalize_s": cold["finalize_s"],
-        "cold_finalize_runs_s": [run["finalize_s"] for run in colds],
+        "cold_finalize_runs_s": [run["finalize_s"] for run in size.colds],
         "cold_check_s": cold["check_s"],
         "cold_first_result_s": cold["first_result_s"],
         "warm_origin": warm["origin"],
@@ -237,8 +277,12 @@ def main() -> None:
     results = []
     try:
         fixed = fixed_build_memory(workdir)
-        for label in args.sizes.split(","):
-            results.append(run_size(label.strip(), workdir, args.keep, fixed))
+        sizes = [prepare(label.strip(), workdir, args.keep) for label in args.sizes.split(",")]
+        for _ in range(COLD_RUNS):  # in rounds: a change in the machine's load touches every size alike
+            for size in sizes:
+                run_cold(size)
+        for size in sizes:
+            results.append(finish(size, fixed, args.keep))
             if not args.json:
                 print_row(results[-1])
     finally:

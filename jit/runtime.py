@@ -35,7 +35,7 @@ import numpy as np
 
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
 from portkern.jit.gate import Choice, Gate
-from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct
+from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
 
 if TYPE_CHECKING:
     from portkern.jit.parameters import KernelParameters
@@ -283,7 +283,14 @@ class Executable:
             return []
         if not isinstance(results, (tuple, list)):
             results = (results,)
-        return distinct([np.asarray(r.to_host() if hasattr(r, "to_host") else r) for r in results])
+        return distinct([_host(r) for r in results])
+
+
+def _host(result) -> np.ndarray:
+    """A runtime result (a DeviceArray, or a plain value) on the host, kept valid by every view of it."""
+    if not hasattr(result, "to_host"):
+        return np.asarray(result)
+    return host_array(result.to_host())
 
 
 @contextlib.contextmanager

@@ -10,7 +10,8 @@ while other threads call kernels too, by NumPy into a buffer IREE allocates, hol
 GIL (a short copy costs less than a GIL hand-over to another thread and back). The call
 then releases the GIL once more, for the invocation itself. Results are NumPy arrays over
 the host memory of the buffers the call returned (on a local driver, device memory is host
-memory); a result that shares memory with an argument or an earlier result is copied.
+memory), which every view of them keeps valid (`host_array`); a result that shares memory
+with an argument or an earlier result is copied.
 """
 
 from __future__ import annotations
@@ -92,7 +93,35 @@ class VmCall:
         dtype = self._dtypes.get(int(kind))
         if dtype is None:
             dtype = self._dtypes[int(kind)] = np.dtype(hal.HalElementType.map_to_dtype(kind))
-        return view.map().asarray(view.shape, dtype)
+        return host_array(view.map().asarray(view.shape, dtype))
+
+
+def host_array(array: np.ndarray) -> np.ndarray:
+    """`array` (from IREE's `MappedMemory.asarray`, over runtime memory) as an array that every
+    view of it keeps valid: its base is a memoryview that holds `array`.
+
+    `asarray` ties the mapping's life to the array it returns, which is a view of an inner
+    array over a memoryview that owns nothing; NumPy makes a view's base the innermost array
+    that owns its data or whose base is of another type, here the inner array. So a view
+    (`.view(np.uint64)`, a reshape) outlived the returned array and read memory that later calls
+    reused (test_mul_uint64 of the ONNX node suite)."""
+    if not array.size:
+        return array
+    try:
+        kept = np.asarray(memoryview(array))
+    except ValueError:  # a dtype the buffer protocol cannot state (bfloat16 and other ml_dtypes)
+        kept = np.asarray(_Exported(array))
+    return kept if kept.dtype == array.dtype else kept.view(array.dtype)
+
+
+class _Exported:
+    """An array's memory, by the array interface: the base of arrays made from it, holding it."""
+
+    __slots__ = ("__array_interface__", "_array")
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.__array_interface__ = {**array.__array_interface__, "typestr": f"|V{array.dtype.itemsize}", "descr": [("", f"|V{array.dtype.itemsize}")]}
+        self._array = array
 
 
 def distinct(arrays: list[np.ndarray], beside=()) -> list[np.ndarray]:

@@ -45,10 +45,9 @@ def numpy_dtype(name: str) -> np.dtype:
 
 def as_declared(array: np.ndarray, name: str) -> np.ndarray:
     """`array` as the declared dtype when the runtime returned the same bits under another
-    integer signedness (IREE's integers are signless): a copy, because a view of the runtime's
-    result let later calls overwrite it (the conformance run's test_mul_uint64 and
-    test_sub_uint64 read freed memory)."""
+    integer signedness (IREE's integers are signless): a view (the runtime's results keep their
+    memory alive through their base, `jit.vmcall.host_array`)."""
     want = numpy_dtype(name)
     if array.dtype == want or array.dtype.itemsize != want.itemsize or array.dtype.kind not in "iub" or want.kind not in "iub":
         return array
-    return array.view(want).copy()
+    return array.view(want)
