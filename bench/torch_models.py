@@ -60,8 +60,9 @@ CHILD = textwrap.dedent(
                     samples.append(time.perf_counter() - t)
                 best[side] = min(best[side], statistics.median(samples))
         errors = {side: float((sides[side](x) - expected).abs().max()) for side in sides}
+        tuning = sides["portkern tuned"].tuning
         out[name] = {"ms": {s: v * 1e3 for s, v in best.items()}, "max_error": errors, "tune_s": tune_s,
-                     "tuned_config": sides["portkern tuned"].config}
+                     "tuned_config": sides["portkern tuned"].config, "tuning_note": tuning.note if tuning is not None else ""}
     print(json.dumps(out))
     """
 )
@@ -96,7 +97,9 @@ def main() -> None:
         cells = ", ".join(f"{side} {t:.2f} ms (err {r['max_error'][side]:.1e})" for side, t in ms.items())
         ratio = ms["torch.compile"] / ms["portkern tuned"] if "torch.compile" in ms else None
         print(f"{name}: {cells}; tuned vs torch.compile {ratio:.2f}x" if ratio else f"{name}: {cells}")
-        print(f"  tuning (quick) {r['tune_s']:.0f} s, config {r['tuned_config'][:120]}")
+        print(f"  tuning (quick) {r['tune_s']:.0f} s, config {r['tuned_config'][:160]}")
+        if r["tuning_note"]:
+            print(f"  {r['tuning_note'][:400]}")
 
 
 if __name__ == "__main__":

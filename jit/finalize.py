@@ -11,6 +11,7 @@ it leaves `finish`.
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 
 from portkern.errors import CompileError, FinalizeError
 from portkern.jit import codeobject
@@ -25,6 +26,13 @@ from portkern.portable.producer import check_bytecode, check_release
 #: The phase at which IREE has chosen a lowering config per dispatch (tuning stamps here).
 CONFIGURED_PHASE = "executable-configurations"
 
+#: Module options a kernel config may name ahead of its dispatch entries (`data-tiling;3=cpu:...`),
+#: with the compiler flags each adds. They act before the flow phase (data tiling sets operand
+#: encodings when dispatches are formed), so code with them is built from the kernel's source stage.
+MODULE_OPTIONS = {"data-tiling": ("--iree-opt-data-tiling",)}
+#: The drivers whose targets take module options (CPU code).
+OPTION_DRIVERS = ("local-task", "local-sync")
+
 _lock = threading.Lock()
 _compilers: dict[tuple[str, ...], Compiler] = {}
 
@@ -38,6 +46,25 @@ def compiler_for(target: Target) -> Compiler:
             except CompileError as exc:
                 raise FinalizeError(f"{target.label}: {exc}") from None
         return _compilers[target.flags]
+
+
+def module_options(config: str) -> tuple[str, ...]:
+    """The module options a kernel config string names: its leading entries that are MODULE_OPTIONS."""
+    options = []
+    for entry in config.split(";"):
+        if entry not in MODULE_OPTIONS:
+            break
+        options.append(entry)
+    return tuple(options)
+
+
+def with_options(target: Target, options: tuple[str, ...]) -> Target:
+    """`target` compiling with the flags of module `options` too (FinalizeError where it takes none)."""
+    if not options:
+        return target
+    if target.driver not in OPTION_DRIVERS:
+        raise FinalizeError(f"{target.label}: module options ({', '.join(options)}) are for CPU targets")
+    return replace(target, flags=target.flags + tuple(flag for option in options for flag in MODULE_OPTIONS[option]))
 
 
 def check_stage(stage: Stage, name: str) -> None:

@@ -7,11 +7,13 @@ calls of one). Behind a gate, the thread inside runs its calls back to back whil
 sleep on locks of their own, not on the GIL, so the GIL it releases around native work wakes
 nobody.
 
-Turns: the thread inside keeps the gate while it comes back for more, until the first waiter
-has waited one turn (`TURN_S`); its next exit hands the gate to that waiter. The first waiter
-also looks for itself, after naps that double from about one call's time up to a turn, so that
-a gate its last user left for good is taken within about the time already waited; the waiters
-behind it look once a turn.
+Turns: the thread inside keeps the gate while it comes back for more, until it has had it for
+one turn (`TURN_S`, counted from when it got the gate or, if nobody waited then, from when the
+first waiter came) while others wait; its next exit hands the gate to the first waiter. So
+every thread in line gets a whole turn, and a waiter waits at most one turn per thread ahead
+of it. The first waiter also looks for itself, after naps that double from about one call's
+time up to a quarter turn (`NAP_CAP_S`), so that a gate its last user left for good is taken
+soon; the waiters behind it look once a turn, and are woken once when they come first.
 
 Turns do not always pay: where native work is most of a call, threads side by side overlap
 it (a 90 us CNN made 1.8 times the calls of one thread). `Choice` tries both ways on a
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field
 #: 0.3-0.6 ms of calls on a two-core VM (the next thread's wake-up, then its cold caches),
 #: so 20 ms turns lose about 3 %; a waiter waits at most one turn per thread ahead of it.
 TURN_S = 0.02
+#: The longest nap of the first waiter: a gate its last user left for good is taken within this.
+NAP_CAP_S = TURN_S / 4
 
 
 def _closed_lock() -> threading.Lock:
@@ -39,11 +43,12 @@ def _closed_lock() -> threading.Lock:
 
 @dataclass(eq=False)
 class _Waiter:
-    #: When this waiter's turn is due.
-    due: float
-    #: Released when the gate is handed to this waiter.
+    #: About one call's time: a waiter that is first in line first looks for itself after twice this.
+    nap_s: float
+    #: Released when the gate is handed to this waiter, or when it becomes first in line (`poked`).
     wake: threading.Lock = field(default_factory=_closed_lock)
     granted: bool = False
+    poked: bool = False
 
 
 class Gate:
@@ -54,9 +59,14 @@ class Gate:
         self._inside = threading.Lock()
         self._lock = threading.Lock()  # guards the waiters; never held across a wait
         self._waiters: deque[_Waiter] = deque()
-        #: When the first waiter's turn is due (read without the lock: a stale value only
-        #: moves a turn by one call).
+        #: When the thread inside must hand the gate to the first waiter (infinity while nobody
+        #: waits; read without the lock: a stale value only moves a turn by one call).
         self._due = float("inf")
+
+    @property
+    def waiting(self) -> int:
+        """How many threads wait to go in."""
+        return len(self._waiters)
 
     def enter(self, nap_s: float) -> None:
         """Return once this thread is the one inside; `nap_s`: about one call's time."""
@@ -66,10 +76,10 @@ class Gate:
             now = time.monotonic()
             if now < self._due and self._inside.acquire(blocking=False):
                 return
-            waiter = _Waiter(now + TURN_S)
+            waiter = _Waiter(nap_s)
             self._waiters.append(waiter)
             if len(self._waiters) == 1:
-                self._due = waiter.due
+                self._due = now + TURN_S
             if self._inside.acquire(blocking=False):  # open, and a waiter's turn is due: it goes first
                 self._hand_over()
             first = self._waiters and self._waiters[0] is waiter
@@ -85,23 +95,35 @@ class Gate:
 
     def _wait(self, waiter: _Waiter, nap: float) -> None:
         try:
-            while not waiter.wake.acquire(timeout=nap):
+            while True:
+                woken = waiter.wake.acquire(timeout=nap)
                 with self._lock:
+                    if waiter.granted:
+                        return
+                    if woken:  # poked: first in line now, it looks for itself soon
+                        waiter.poked = False
+                        nap = 2 * waiter.nap_s
+                        continue
                     if self._inside.acquire(blocking=False):  # left open: the first waiter (maybe this one) goes in
                         self._hand_over()
+                        if waiter.granted:
+                            return
                     first = self._waiters and self._waiters[0] is waiter
-                nap = min(2 * nap, TURN_S) if first else TURN_S
+                nap = min(2 * nap, NAP_CAP_S) if first else TURN_S
         except BaseException:  # KeyboardInterrupt in the main thread: give up the place, or the gate
             with self._lock:
                 if waiter.granted:
                     self._leave_locked()
                 else:
                     self._waiters.remove(waiter)
-                    self._due = self._waiters[0].due if self._waiters else float("inf")
+                    if self._waiters:
+                        self._poke(self._waiters[0])
+                    else:
+                        self._due = float("inf")
             raise
 
     def _leave_locked(self) -> None:
-        if self._waiters and time.monotonic() >= self._waiters[0].due:
+        if self._waiters and time.monotonic() >= self._due:
             self._hand_over()
         else:
             self._inside.release()
@@ -109,27 +131,49 @@ class Gate:
     def _hand_over(self) -> None:
         """The first waiter is inside now (`_inside` stays held, on its behalf)."""
         waiter = self._waiters.popleft()
-        self._due = self._waiters[0].due if self._waiters else float("inf")
+        if self._waiters:
+            self._due = time.monotonic() + TURN_S
+            self._poke(self._waiters[0])
+        else:
+            self._due = float("inf")
         waiter.granted = True
-        waiter.wake.release()
+        if not waiter.poked:  # else its lock is open already
+            waiter.wake.release()
+
+    @staticmethod
+    def _poke(waiter: _Waiter) -> None:
+        """Wake a waiter that has just become first in line, so that it looks for itself soon
+        (it napped a whole turn while others were ahead of it)."""
+        if not waiter.poked:
+            waiter.poked = True
+            waiter.wake.release()
 
 
 #: How long each way is tried, and for how many windows the better one then stands before
 #: both are tried again (a trial spends two windows on the other way: 6 % of the time).
 TRIAL_S = 0.1
 KEEP_WINDOWS = 30
+#: A way that wins a trial by this factor or more, as it won the one before, stands twice as
+#: long as it stood last time, up to `MAX_KEEP_WINDOWS` (trials then cost under 1 % of the time).
+CLEAR_WIN = 1.25
+MAX_KEEP_WINDOWS = 300
 #: A window counts when its calls took this many times its length (calls overlapped).
 CONTENDED = 1.5
+#: The way that stands is tried again at once when the calls in flight (on average as calls
+#: end, over a window) become this many times more, or fewer, than during its trial (unless
+#: it won clearly: turns then stand for any callers, side by side for fewer).
+LEVEL_CHANGE = 1.5
 
 
 class Choice:
     """Whether one kernel's calls take turns at the gate or run side by side, chosen on the
     kernel's own calls while several threads make them at once. A trial times a window of
     `TRIAL_S` each way (after a window for the switch to settle); the way that completed more
-    calls a second stands for `KEEP_WINDOWS` windows, then both are tried again. Turns win
-    where a call is mostly Python work; side by side where native work, run without the GIL,
-    is most of a call. Windows whose calls did not overlap count for nothing: a lone thread
-    passes the gate at no cost."""
+    calls a second stands for `KEEP_WINDOWS` windows (longer after repeated clear wins), or
+    until the number of calls in flight changes (see `LEVEL_CHANGE`), then both are tried again. Turns win where a
+    call is mostly Python work; side by side where native work, run without the GIL, is most
+    of a call. Windows whose calls did not overlap count for nothing: a lone thread passes
+    the gate at no cost."""
 
     def __init__(self, now: float) -> None:
         #: How calls run now: True, taking turns at the gate (never a collapse); False, side by side.
@@ -140,35 +184,56 @@ class Choice:
         self._start = now
         self._calls = 0
         self._busy = 0.0
+        self._callers = 0
         self._rates: dict[bool, float] = {}
+        #: Calls in flight (on average, as calls ended) in each way's trial window, and in the winner's.
+        self._levels: dict[bool, float] = {}
+        self._level = 0.0
         self._keep = 0
+        #: How many windows the last winner stood; the way that won the last trial clearly (None
+        #: when it did not, or the callers changed since).
+        self._span = KEEP_WINDOWS
+        self._winner: bool | None = None
         self._settling = False
 
-    def record(self, start: float, end: float) -> None:
-        """Count a call that ran from `start` to `end` (`time.monotonic()`, gate included)."""
+    def record(self, start: float, end: float, callers: int) -> None:
+        """Count a call that ran from `start` to `end` (`time.monotonic()`, gate included)
+        while `callers` calls (this one included) were in flight."""
         self._calls += 1
         self._busy += end - start
+        self._callers += callers
         length = end - self._start
         if length < TRIAL_S or not self._lock.acquire(blocking=False):
             return
         try:
             if self._busy >= CONTENDED * length:
-                self._close_window(self._calls / length)
-            self._start, self._calls, self._busy = end, 0, 0.0
+                self._close_window(self._calls / length, self._callers / self._calls)
+            self._start, self._calls, self._busy, self._callers = end, 0, 0.0, 0
         finally:
             self._lock.release()
 
-    def _close_window(self, rate: float) -> None:
+    def _close_window(self, rate: float, level: float) -> None:
         if self._keep:
-            self._keep -= 1
-        elif self._settling:
+            # Side by side loses ground as callers are added, turns do not: a clear win for
+            # turns holds for any callers, one for side by side for as many callers or fewer.
+            fewer = level <= self._level * LEVEL_CHANGE
+            if self._winner is True or (fewer and (self._winner is False or level >= self._level / LEVEL_CHANGE)):
+                self._keep -= 1
+                return
+            self._keep, self._winner = 0, None  # other callers now: try both ways again, from this window
+        if self._settling:
             self._settling = False
         elif not self._rates:
-            self._rates[self.gated] = rate
+            self._rates[self.gated], self._levels[self.gated] = rate, level
             self.gated = not self.gated
             self._settling = True
         else:
-            self._rates[self.gated] = rate
-            self.gated = max(self._rates, key=self._rates.__getitem__)
+            self._rates[self.gated], self._levels[self.gated] = rate, level
+            winner = max(self._rates, key=self._rates.__getitem__)
+            self._level = self._levels[winner]
+            clear = self._rates[winner] >= CLEAR_WIN * self._rates[not winner]
+            self._span = min(2 * self._span, MAX_KEEP_WINDOWS) if clear and winner == self._winner else KEEP_WINDOWS
+            self._winner = winner if clear else None
+            self.gated = winner
             self._rates = {}
-            self._keep = KEEP_WINDOWS
+            self._keep = self._span

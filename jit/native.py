@@ -142,6 +142,7 @@ class NativeCode:
         """The kernel's plan on a target; DeviceError if the target cannot take it."""
         check_toolchain(record, target)
         toolchain = toolchain_for(record)
+        target = toolchain.target(target, config)
         stage, identity = toolchain.stage(self.bundle, record, target, config)
         kernel = kernel_digest(record.kind, record.entry, stage.blob)
         return Plan(record, target, stage, identity, kernel, toolchain.compiler_id(), config)

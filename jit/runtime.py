@@ -261,17 +261,21 @@ class Executable:
         if choice is None:
             return self._run(arrays)
         start = time.monotonic()
-        try:
-            if not choice.gated:
+        process = _process
+        if not choice.gated:
+            callers = process.traffic.in_flight + 1
+            try:
                 return self._run(arrays)
-            gate = _process.gate
-            gate.enter(self._inline_s)
-            try:  # inline: a call this short never pays its way on the task executor
-                return self._host_call(INLINE[self.driver], arrays)
             finally:
-                gate.leave()
+                choice.record(start, time.monotonic(), callers)
+        gate = process.gate
+        gate.enter(self._inline_s)
+        callers = gate.waiting + 1
+        try:  # inline: a call this short never pays its way on the task executor
+            return self._host_call(INLINE[self.driver], arrays)
         finally:
-            choice.record(start, time.monotonic())
+            gate.leave()
+            choice.record(start, time.monotonic(), callers)
 
     @staticmethod
     def _to_host(results) -> list[np.ndarray]:

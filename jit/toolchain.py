@@ -6,7 +6,8 @@ the compiling is done by the workers (`portkern.jit.worker`).
 
 from __future__ import annotations
 
-from portkern.jit.finalize import check_stage
+from portkern.errors import FinalizeError
+from portkern.jit.finalize import check_stage, module_options, with_options
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.producer import installed_compiler, installed_runtime
@@ -30,10 +31,20 @@ class IreeToolchain:
         compiler, runtime = installed_compiler(), installed_runtime()
         return f"iree {compiler.version} {compiler.revision[:12]} runtime {runtime.version}"
 
+    def target(self, target: Target, config: str) -> Target:
+        """The target that kernel config `config` compiles for: with the flags of its module options."""
+        return with_options(target, module_options(config))
+
     def stage(self, bundle: Bundle, record: KernelRecord, target: Target, config: str) -> tuple[Stage, tuple[str, ...]]:
         """The stage finalised for `target` (with kernel config `config`; the source stage for a bundle of
-        another IREE release), and what besides it selects the native code."""
-        return readable_stage(record, target.family), target.identity
+        another IREE release, or for a config with module options), and what besides it selects the native code."""
+        if not module_options(config):
+            return readable_stage(record, target.family), target.identity
+        stage = record.source_stage()
+        if stage is None:
+            raise FinalizeError(f"kernel {record.name!r}: config {config[:200]!r} is built from the kernel's source stage, "
+                                "and its bundle has none (built with --no-source)")
+        return stage, target.identity
 
     def check(self, stage: Stage, name: str) -> None:
         """Refuse, before any worker reads it, a stage this compiler cannot read."""
@@ -77,6 +88,9 @@ class OpenclToolchain:
     def stage(self, bundle: Bundle, record: KernelRecord, target: Target, config: str) -> tuple[Stage, tuple[str, ...]]:
         chosen = self._native.build_choice(bundle.blobs, record, target, config)
         return chosen.stage, chosen.key_flags
+
+    def target(self, target: Target, config: str) -> Target:
+        return target
 
     def check(self, stage: Stage, name: str) -> None:
         """Nothing to refuse beyond what `stage` checked."""

@@ -97,6 +97,31 @@ def test_a_gate_left_open_is_taken_by_its_waiter(monkeypatch):
     waiting.join(timeout=BOUND_S)
 
 
+def test_each_waiter_in_line_takes_a_gate_left_open(monkeypatch):
+    """Threads that leave for good one after another: the waiter that comes first in line
+    when the one ahead of it goes in is woken then, and takes the gate once it is left open
+    (it would otherwise nap a whole turn, here an hour)."""
+    monkeypatch.setattr(gate_module, "TURN_S", 3600.0)
+    gate = Gate()
+    gate.enter(1e-5)
+    order: list[int] = []
+
+    def once(i: int) -> None:
+        gate.enter(1e-4)
+        order.append(i)
+        gate.leave()
+
+    threads = [threading.Thread(target=once, args=(i,)) for i in range(3)]
+    for i, thread in enumerate(threads):
+        thread.start()
+        while len(gate._waiters) <= i:  # in line, in this order
+            time.sleep(0.001)
+    gate.leave()
+    for thread in threads:
+        thread.join(timeout=BOUND_S)
+    assert order == [0, 1, 2]
+
+
 class _Interrupted(BaseException):
     pass
 
@@ -114,7 +139,7 @@ def test_a_waiter_interrupted_while_waiting_leaves_no_trace(monkeypatch):
             raise _Interrupted
 
     waiter = gate_module._Waiter
-    monkeypatch.setattr(gate_module, "_Waiter", lambda due: waiter(due, Interrupting()))
+    monkeypatch.setattr(gate_module, "_Waiter", lambda nap_s: waiter(nap_s, Interrupting()))
     with pytest.raises(_Interrupted):
         gate.enter(1e-5)
     monkeypatch.setattr(gate_module, "_Waiter", waiter)
@@ -138,7 +163,7 @@ def _window(choice: gate_module.Choice, start: float, calls: int, overlap: float
     step = (end - start) / calls
     for i in range(calls):
         done = start + (i + 1) * step
-        choice.record(done - overlap * step, done)
+        choice.record(done - overlap * step, done, round(overlap))
     return end
 
 
@@ -167,3 +192,58 @@ def test_choice_ignores_windows_whose_calls_did_not_overlap():
     assert choice.gated and not choice._rates
     _window(choice, now, 1000, overlap=2.0)
     assert not choice.gated
+
+
+def _trial(choice: gate_module.Choice, now: float, gated_calls: int, side_by_side_calls: int, overlap: float = 2.0) -> float:
+    """A whole trial from the way that stands (its window, a window to settle, the other way's window)."""
+    calls = {True: gated_calls, False: side_by_side_calls}
+    now = _window(choice, now, calls[choice.gated], overlap)
+    now = _window(choice, now, 10, overlap)
+    return _window(choice, now, calls[choice.gated], overlap)
+
+
+def _stands(choice: gate_module.Choice, now: float, windows: int) -> float:
+    way = choice.gated
+    for _ in range(windows):
+        now = _window(choice, now, 10)
+        assert choice.gated is way
+    return now
+
+
+def test_a_way_that_keeps_winning_clearly_stands_longer():
+    """Each further clear win doubles how long the winner stands (fewer trials, each of which
+    spends windows on the losing way); a close trial brings it back to KEEP_WINDOWS."""
+    choice = gate_module.Choice(0.0)
+    now = _trial(choice, 0.0, 900, 400)
+    assert choice.gated
+    now = _stands(choice, now, gate_module.KEEP_WINDOWS)
+    now = _trial(choice, now, 900, 400)
+    assert choice.gated
+    now = _stands(choice, now, 2 * gate_module.KEEP_WINDOWS)
+    now = _trial(choice, now, 900, 800)  # close: it stands, for KEEP_WINDOWS only
+    assert choice.gated
+    now = _stands(choice, now, gate_module.KEEP_WINDOWS)
+    _window(choice, now, 10)
+    assert not choice.gated  # the next trial has begun
+
+
+@pytest.mark.parametrize(
+    ("gated_calls", "side_by_side_calls", "overlap", "tried"),
+    [
+        (400, 900, 8.0, True), (400, 900, 2.0, False),  # side by side won clearly
+        (900, 400, 8.0, False), (900, 400, 2.0, False),  # turns won clearly
+        (800, 900, 8.0, True), (800, 900, 2.0, True), (900, 800, 8.0, True),  # close
+    ],
+)
+def test_other_callers_start_a_trial_at_once(gated_calls, side_by_side_calls, overlap, tried):
+    """When the calls in flight change (here from 4 at a time), the way that stands is tried
+    again at once rather than after its windows, unless it won clearly where the change
+    cannot turn the tables: turns, or side by side with fewer callers."""
+    choice = gate_module.Choice(0.0)
+    now = _trial(choice, 0.0, gated_calls, side_by_side_calls, overlap=4.0)
+    way = choice.gated
+    for _ in range(3):
+        now = _window(choice, now, 10, overlap=4.0)
+        assert choice.gated is way
+    _window(choice, now, 10, overlap=overlap)
+    assert (choice.gated is not way) is tried

@@ -51,6 +51,15 @@ def test_kernel_config_round_trip():
     assert str(config.with_dispatch(0, None)) == "2=cpu:v1:32x0,8x0,0x16"
 
 
+def test_kernel_config_module_options_come_first():
+    config = KernelConfig.of({1: CPU[0]}, ("data-tiling",))
+    assert str(config) == "data-tiling;1=cpu:v1:64x64x0,8x32x0,0x0x4"
+    assert kernel_config.parse(str(config)) == config and not config.is_default
+    alone = kernel_config.parse("data-tiling")
+    assert alone.options == ("data-tiling",) and not alone.dispatches and str(alone) == "data-tiling"
+    assert str(config.with_dispatch(1, None)) == "data-tiling"  # options stay
+
+
 @pytest.mark.parametrize(
     "text, message",
     [
@@ -94,6 +103,10 @@ def test_bad_perf_configs_are_rejected(text, message):
         ("cpu:v1:32x0,8x0,0x16", "dispatch index"),
         ("0=cpu:v1:32x0,8x0", "needs 3 fields"),
         ("0=" + "x" * 5000, "reasonable length"),
+        ("tiling;0=cpu:v1:64x64x0,8x32x0,0x0x4", "entry 'tiling' is not <dispatch index>"),
+        ("0=cpu:v1:64x64x0,8x32x0,0x0x4;data-tiling", "dispatch index"),
+        ("data-tiling;data-tiling", "canonical"),
+        ("data-tiling;", "entry '' is not <dispatch index>"),
     ],
 )
 def test_bad_kernel_configs_are_rejected(text, message):

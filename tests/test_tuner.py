@@ -10,7 +10,7 @@ import pytest
 
 import portkern
 from portkern.cli.main import main
-from portkern.errors import PerfConfigError
+from portkern.errors import FinalizeError, PerfConfigError
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices
@@ -155,6 +155,36 @@ def test_compile_config_builds_correct_code(examples_bundle, store, rng, name, c
     inputs = example.inputs(rng)
     outputs = Executable(code, bundle.record(name).entry, target.driver)(*inputs)
     assert_matches(tuple(outputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def test_a_module_option_builds_correct_code_from_the_source_stage(examples_bundle, store, rng, tmp_path):
+    """`data-tiling` (a module option) compiles the kernel from its source stage with IREE's data
+    tiling: other code under another key, the same results (the example's tolerance)."""
+    bundle = portkern.load(examples_bundle, store=store)
+    target = devices.resolve("cpu", store)
+    record = bundle.record("gemm_bias_relu")
+    plan, default = bundle.plan(record, target, "data-tiling"), bundle.plan(record, target)
+    assert plan.stage.is_source and "--iree-opt-data-tiling" in plan.target.flags
+    assert plan.key != default.key and plan.target.fingerprint == target.fingerprint
+    code = bundle.native(record, target, "data-tiling").data
+    assert code != bundle.native(record, target).data
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(rng)
+    assert_matches(tuple(Executable(code, record.entry, target.driver)(*inputs)), example.reference(*inputs), example.rtol, example.atol)
+    built = tmp_path / "no-source.pkb"
+    build_file(MANIFEST, built, source=False)
+    with pytest.raises(FinalizeError, match="no-source"):
+        other = portkern.load(built, store=store)
+        other.native(other.record("gemm_bias_relu"), target, "data-tiling")
+
+
+def test_quick_times_module_options_whole_and_keeps_a_correct_kernel(examples_bundle, store, rng):
+    kernel = portkern.load(examples_bundle, store=store).kernel("gemm_bias_relu", tune="quick")
+    tuning = kernel.tuning
+    tried = [e for e in tuning.evaluations if e.config.startswith("data-tiling")]
+    assert tried and all(e.ok for e in tried), [(e.config, e.status, e.error) for e in tried]  # matched the default's outputs
+    assert "module options timed whole" in tuning.note
+    check_kernel(kernel, "gemm_bias_relu", rng)
 
 
 @pytest.mark.parametrize("config, message", [

@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from iree.compiler import ir
 
 PROBLEM_VERSION = 1
+#: How a problem key joins its ops' descriptions, and marks the root op's.
+_OPS, _ROOT = " ; ", "*"
 
 
 def _functions(module) -> Iterator[tuple[object, str]]:
@@ -139,8 +141,8 @@ def dispatches(module) -> list[Dispatch]:
         is_root = [registry.is_root(text) for text in texts]
         roots = [op for op, flag in zip(ops, is_root) if flag]
         family = registry.family_of(target, texts)
-        problem = f"dispatch/v{PROBLEM_VERSION} " + " ; ".join(
-            ("*" if flag else "") + _describe(op) for op, flag in zip(ops, is_root)
+        problem = f"dispatch/v{PROBLEM_VERSION} " + _OPS.join(
+            (_ROOT if flag else "") + _describe(op) for op, flag in zip(ops, is_root)
         )
         fields = dict(
             index=index, name=_symbol(function), family=family.name if family else "", root="", sizes=(), parallel=(),
@@ -167,6 +169,11 @@ def dispatches(module) -> list[Dispatch]:
                         "dynamic": 0 in sizes})
         )
     return found
+
+
+def root_problem(problem: str) -> str:
+    """The root op's part of a dispatch's problem key (what it computes, whatever is fused with it)."""
+    return next((part for part in problem.split(_OPS) if part.startswith(_ROOT)), problem)
 
 
 def stamp(module, config: KernelConfig, context: "ir.Context"):

@@ -16,6 +16,7 @@ import time
 from typing import Protocol, Sequence
 
 from portkern.errors import KernelRuntimeError, TuningError, gist
+from portkern.jit.finalize import module_options
 from portkern.jit.target import Target
 from portkern.jit.workers import Job, Pool, Source
 from portkern.portable.bundle import Signature
@@ -50,9 +51,20 @@ class IreeCandidates:
         self.inputs = make_inputs(signature, seed)
         #: The kernel's parameters (candidates are compiled without them and run with them).
         self.parameters = parameters
+        #: Per set of module options (`jit.finalize.MODULE_OPTIONS`): the target and configured module
+        #: that configs naming them compile from (`add_variant`).
+        self.variants: dict[tuple[str, ...], tuple[Target, Source]] = {(): (target, source)}
+
+    def add_variant(self, options: tuple[str, ...], target: Target, source: Source) -> None:
+        """Configs naming module `options` compile from `source` (configured for `target`, which has their flags)."""
+        self.variants[options] = (target, source)
 
     def job(self, id: int, config: str) -> Job:
-        return Job.compile(id, self.name, self.target, self.source, config)
+        options = module_options(config)
+        if options not in self.variants:
+            raise TuningError(f"{self.name}: no module compiled with {', '.join(options)} to stamp {config[:120]!r} on")
+        target, source = self.variants[options]
+        return Job.compile(id, self.name, target, source, config)
 
     def bench(self, driver: str) -> Bench:
         return Bench(self.entry, driver, self.inputs, self.parameters)

@@ -19,13 +19,13 @@ from typing import Callable
 
 from portkern.cache.keys import tuning_key
 from portkern.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError
-from portkern.jit.finalize import CONFIGURED_PHASE
+from portkern.jit.finalize import CONFIGURED_PHASE, MODULE_OPTIONS, OPTION_DRIVERS
 from portkern.jit.native import NativeCode, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
 from portkern.jit.toolchain import toolchain_for
 from portkern.jit.workers import Pool, Source, cores, shared_pool
 from portkern.portable.bundle import KernelRecord
-from portkern.tuner import kernel_config, perfconfig, registry, strategies
+from portkern.tuner import analysis, kernel_config, perfconfig, registry, strategies
 from portkern.tuner.buckets import tune_shapes
 from portkern.tuner.db import TuningDB, result_from_selection, satisfies
 from portkern.tuner.dispatch import Dispatch
@@ -39,6 +39,9 @@ from portkern.tuner.search import Budget, Progress, Search
 MIN_GAIN = 0.03
 #: Best candidates per ranking driver that are re-timed side by side with the default.
 FINALISTS = 3
+#: Module options are tried on kernels with a dispatch whose root op's name holds this (data
+#: tiling changes matmuls: IREE 3.13's data-tiled op set).
+OPTION_ROOT = "matmul"
 
 
 class Tuner:
@@ -155,7 +158,10 @@ class _Run:
             candidates = IreeCandidates(
                 target, record.name, source, record.entry, record.signature, parameters=natives.parameters_for(record)
             )
+        self.candidates = candidates
         self.evaluator = Evaluator(tuner.pool, target, record.name, candidates, target.driver)
+        #: What trying module options found (see `_module_options`).
+        self.options_note = ""
 
     def execute(self) -> TuneResult:
         found = self.found
@@ -184,9 +190,54 @@ class _Run:
             base = base.with_dispatch(d.index, config)
             searched = searched or results[d.index].source == "search"
         try:
-            return self._conclude(base, list(results.values()), "search" if searched else "db")
+            if searched and not self.limited and getattr(self.module, "OPTIONS", False):
+                base = self._module_options(base)
+            result = self._conclude(base, list(results.values()), "search" if searched else "db")
+            result.note = "; ".join(n for n in (result.note, self.options_note) if n)
+            return result
         finally:
             self.evaluator.release()
+
+    def _module_options(self, base: KernelConfig) -> KernelConfig:
+        """`base`, or its dispatch configs in the module compiled with a module option
+        (`jit.finalize.MODULE_OPTIONS`; CPU kernels with a source stage) when that ran faster by
+        `MIN_GAIN`, the variants timed whole side by side. Configs carry over to the option's
+        dispatches whose root op is the same; the option with the compiler's default configs is tried too."""
+        if not isinstance(self.candidates, IreeCandidates) or self.target.driver not in OPTION_DRIVERS:
+            return base
+        if not any(OPTION_ROOT in d.root for d in self.found if d.tunable):
+            return base
+        if self.record.source_stage() is None:
+            self.options_note = "module options not tried: the kernel has no source stage"
+            return base
+        chosen = {analysis.root_problem(d.problem): base.get(d.index) for d in self.found if base.get(d.index) is not None}
+        variants = [base]
+        for option in MODULE_OPTIONS:
+            plan = self.natives.plan(self.record, self.target, option)
+            try:
+                analysed = self.natives.analyse(plan)
+            except PortkernError as exc:
+                self.options_note = f"module option {option} not tried: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                continue
+            code = analysed.configured
+            self.candidates.add_variant((option,), plan.target, Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE))
+            found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
+            carried = {d.index: chosen[analysis.root_problem(d.problem)] for d in found if analysis.root_problem(d.problem) in chosen and d.tunable}
+            variants += list(dict.fromkeys([KernelConfig.of(carried, (option,)), KernelConfig.of({}, (option,))]))
+        if len(variants) == 1:
+            return base
+        names = [str(v) for v in variants]
+        timings = self.evaluator.interleaved(names, self.target.driver)
+        if str(base) not in timings:
+            return base
+        base_s = timings[str(base)].min_s
+        best_s, best = min((timings[n].min_s, n) for n in names if n in timings)
+        described = ", ".join(f"{_option_label(n, str(base))} {timings[n].min_s * 1e3:.2f} ms" for n in names if n in timings)
+        if best != str(base) and best_s < base_s * (1 - MIN_GAIN):
+            self.options_note = f"module options timed whole: {described}; took {_option_label(best, str(base))}"
+            return kernel_config.parse(best)
+        self.options_note = f"module options timed whole: {described}; none faster by {MIN_GAIN:.0%}"
+        return base
 
     def _search(self, d: Dispatch, base: KernelConfig, left: int) -> tuple[DispatchResult, object]:
         result = DispatchResult(d.index, d.name, d.problem, source="search", strategy=self.module.NAME)
@@ -261,6 +312,14 @@ class _Run:
         result.default_s, result.best_s = timings[DEFAULT].min_s, timings[timed].min_s
         result.evaluations = [e for e in self.evaluator.results.values() if e.config != DEFAULT]
         return result
+
+
+def _option_label(config: str, base: str) -> str:
+    """A module-options variant of `base`, named for a note."""
+    if config == base:
+        return "without options"
+    option, _, dispatches = config.partition(";")
+    return f"{option} with the dispatch configs" if dispatches else f"{option} alone"
 
 
 def _stored_config(stored: dict | None, d: Dispatch, strategy: str, limited: bool):

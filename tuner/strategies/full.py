@@ -18,6 +18,7 @@ from portkern.tuner.strategies import staged, tunable
 NAME = "full"
 LEVEL = 3
 BUDGET = Budget()
+OPTIONS = True
 BASES = 3
 
 

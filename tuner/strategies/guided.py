@@ -17,6 +17,7 @@ from portkern.tuner.strategies import significant
 NAME = "guided"
 LEVEL = 2
 BUDGET = Budget(12)
+OPTIONS = True
 
 
 def choose(dispatches: Sequence[Dispatch]) -> list[Dispatch]:

@@ -15,6 +15,7 @@ from portkern.tuner.strategies import significant, staged
 NAME = "quick"
 LEVEL = 1
 BUDGET = Budget()
+OPTIONS = True
 
 
 def choose(dispatches: Sequence[Dispatch]) -> list[Dispatch]:

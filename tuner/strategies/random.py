@@ -12,6 +12,7 @@ from portkern.tuner.strategies import significant
 NAME = "random"
 LEVEL = 2
 BUDGET = Budget(16)
+OPTIONS = True
 SEED = 0
 
 
