@@ -146,8 +146,8 @@ class LoadedBundle(NativeCode):
         """(plan, native code, tuning result) for a kernel: its config (tuned now if `tune` asks),
         then the code; a stored config that does not build is set aside for the default."""
         config, tuning = self.config_for(record, target, tune)
-        plan = self.plan(record, target, config)
         try:
+            plan = self.plan(record, target, config)  # a config with module options needs a source stage
             native = self.obtain(plan, baselines)
         except (FinalizeError, PerfConfigError) as exc:
             if config == DEFAULT_CONFIG:

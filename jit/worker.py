@@ -19,6 +19,7 @@ program binary), "specialise" (a flow stage with its dynamic sizes fixed),
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import struct
@@ -213,14 +214,20 @@ def run_job(state: _State, job: dict) -> dict:
         result["ok"] = True
     except PortkernError as exc:
         result.update(error=" ".join(str(exc).split())[:2000], error_type=type(exc).__name__)
-    except MemoryError:
-        result.update(error="out of memory", error_type="MemoryError")
     except Exception as exc:  # noqa: BLE001 - the bindings raise plain RuntimeError on hostile input
-        # the compiler's state is not to be trusted after this: the parent replaces the worker
-        result.update(error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:1000]}", error_type="", retire=True)
+        result.update(_unexpected(exc))
     finally:
         _bound_memory(0)
     return result
+
+
+def _unexpected(exc: Exception) -> dict[str, Any]:
+    """The result fields for an error that is not a PortkernError."""
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        # under the address-space bound, an allocation refused anywhere (a library's own, an import) is out of memory
+        return {"error": "out of memory", "error_type": "MemoryError"}
+    # the compiler's state is not to be trusted after this: the parent replaces the worker
+    return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:1000]}", "error_type": "", "retire": True}
 
 
 def main() -> int:

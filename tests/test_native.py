@@ -3,6 +3,7 @@ crashes, runs out of memory or overruns costs one FinalizeError and the next ker
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -14,7 +15,7 @@ import pytest
 import portkern
 from portkern.errors import FinalizeError, PerfConfigError
 from portkern.examples.reference import EXAMPLES
-from portkern.jit import devices, workers
+from portkern.jit import devices, worker, workers
 from portkern.jit.workers import Job, Pool, Source
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import read_bundle
@@ -229,6 +230,22 @@ def test_prepare_keeps_going_past_a_failing_kernel(examples_bundle, store, pool,
     monkeypatch.setenv(workers.MEMORY_ENV, "64M")
     prepared = loaded_with(pool, examples_bundle, store).prepare("cpu", kernels=["gemm_glu", "mlp"])
     assert all(isinstance(outcome, FinalizeError) and "out of memory" in str(outcome) for outcome in prepared.values())
+
+
+@pytest.mark.parametrize(
+    "exc, oom",
+    [(MemoryError(), True), (OSError(errno.ENOMEM, "Cannot allocate memory"), True), (OSError(errno.EIO, "I/O error"), False), (RuntimeError("x"), False)],
+)
+def test_a_refused_allocation_in_a_job_is_out_of_memory(exc, oom, monkeypatch):
+    """Under the address-space bound, an import or a library may fail with ENOMEM rather than MemoryError."""
+
+    def failing(state, job):
+        raise exc
+
+    monkeypatch.setitem(worker._KINDS, "failing", failing)
+    result = worker.run_job(worker._State(), {"id": 1, "kind": "failing"})
+    assert not result["ok"]
+    assert (result["error_type"] == "MemoryError") == oom and bool(result.get("retire")) != oom
 
 
 def test_cli_finalize_with_workers(examples_bundle, tmp_path, capsys):

@@ -182,7 +182,9 @@ def test_quick_times_module_options_whole_and_keeps_a_correct_kernel(examples_bu
     kernel = portkern.load(examples_bundle, store=store).kernel("gemm_bias_relu", tune="quick")
     tuning = kernel.tuning
     tried = [e for e in tuning.evaluations if e.config.startswith("data-tiling")]
-    assert tried and all(e.ok for e in tried), [(e.config, e.status, e.error) for e in tried]  # matched the default's outputs
+    # each compiled and matched the default's outputs (or compiled to the same code as another)
+    assert tried and all(e.ok or e.status == "duplicate" for e in tried), [(e.config, e.status, e.error) for e in tried]
+    assert any(e.ok for e in tried)
     assert "module options timed whole" in tuning.note
     check_kernel(kernel, "gemm_bias_relu", rng)
 

@@ -151,3 +151,10 @@ def test_amd_config_stamps_and_cross_compiles(examples_bundle):
     tuned_code = compiler.to_vmfb(stamped, from_phase=finalize.CONFIGURED_PHASE)
     assert tuned_code != default_code
     assert b"\x7fELF" in tuned_code and b"gfx942" in tuned_code
+
+
+def test_root_problem_is_the_root_ops_part_of_the_problem_key(configured):
+    gemm = configured["gemm_bias_relu"][1][0]
+    root = dispatch_module.root_problem(gemm.problem)
+    assert root.startswith("*linalg.matmul") and " ; " not in root and root in gemm.problem
+    assert "tensor<256x512xf32>" in root and root != gemm.problem  # the fill and epilogue are left out

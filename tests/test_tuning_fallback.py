@@ -53,3 +53,20 @@ def test_a_stored_config_that_does_not_parse_falls_back_too(examples_bundle, sto
     plant(store, bundle, "gemm_rowsum", "0=cpu:v9:1x1x1")
     with pytest.warns(CacheWarning, match="does not build"):
         assert bundle.kernel("gemm_rowsum").config == "default"
+
+
+def test_a_stored_module_option_on_a_bundle_without_source_falls_back_to_the_default(store, rng, tmp_path):
+    """`data-tiling` builds from the source stage; a `--no-source` bundle of the same kernel has none."""
+    from portkern.examples import MANIFEST
+    from portkern.portable.builder import build_file
+
+    built = tmp_path / "no-source.pkb"
+    build_file(MANIFEST, built, source=False)
+    bundle = portkern.load(built, store=store)
+    plant(store, bundle, "gemm_bias_relu", "data-tiling")
+    with pytest.warns(CacheWarning, match="does not build .*no-source"):
+        kernel = bundle.kernel("gemm_bias_relu")
+    assert kernel.config == "default"
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
