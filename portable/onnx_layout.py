@@ -18,6 +18,7 @@ marked (`TRANSPOSED_KEY`), so that its reader streams the transpose
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterator
 
 #: External-data entry of an initializer whose stored bytes (in its file) are the transpose
@@ -39,9 +40,7 @@ def transpose_matmul_weights(model: Any, threshold: int) -> list[str]:
     taken = {name for node in graph.node for name in (*node.input, *node.output)} | declared | {t.name for t in graph.initializer}
     chosen, transposes = [], []
     for tensor in graph.initializer:
-        count = 1
-        for dim in tensor.dims:
-            count *= dim
+        count = math.prod(tensor.dims)
         if len(tensor.dims) != 2 or count < threshold or tensor.name in declared or tensor.name in inner:
             continue
         if not uses.get(tensor.name) or not all(_reads_as_matmul_rhs(node, index) for node, index in uses[tensor.name]):

@@ -10,6 +10,7 @@ external data file, piece by piece, so that the builder never holds the whole mo
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -95,10 +96,7 @@ def parameter_data(model: Any, path: Path, kernel: str, references: list[tuple[s
             itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
         except Exception:
             raise BuildError(f"{path}: initializer {tensor.name!r} has ONNX type {tensor.data_type}, which cannot be a parameter") from None
-        count = 1
-        for dim in tensor.dims:
-            count *= dim
-        size = count * itemsize
+        size = math.prod(tensor.dims) * itemsize
         data.append(ParameterData(kernel, scope, name, size, _reader(tensor, path, size, itemsize)))
     return tuple(data)
 

@@ -13,6 +13,7 @@ cannot read is a `BuildError`.
 
 from __future__ import annotations
 
+import math
 import mmap
 from dataclasses import dataclass
 from pathlib import Path
@@ -175,9 +176,7 @@ def _external_tensor(reader: _Reader, tensor: _Field, location: str, threshold: 
         return name, None
     if any(d < 0 for d in dims):
         raise reader.fail(f"initializer {name!r} has a negative dimension")
-    count = 1
-    for d in dims:
-        count *= d
+    count = math.prod(dims)
     size = raw[1] - raw[0]
     if count < threshold:
         return name, None
