@@ -7,7 +7,8 @@ processes, for small kernels (the example `mlp`; a deployer's MNIST MLP and CNN,
 One bundle is loaded and each kernel asked for once, in this process; threads call
 that kernel object, and processes are forked from this one after it was called (as a
 pre-fork server does). Each figure is the median over --rounds interleaved rounds of
---seconds of calls each (a load spike from elsewhere hits every row alike). Columns:
+--seconds of calls each (a load spike from elsewhere hits every row alike); one thread is
+timed again just before each other figure, and a ratio is the median of those pairs. Columns:
   portkern          Kernel.__call__ as shipped (NumPy in, NumPy out)
   side by side      the same kernel with calls from several threads always side by side, as
                     before short calls could take turns at the gate
@@ -140,11 +141,14 @@ def side_by_side(kernel) -> Kernel:
 
 
 def rows(kernels: dict, seconds: float, rounds: int) -> list[dict]:
-    """One row per kernel and concurrency, with the median calls/s of each column."""
-    modes = [("threads", n) for n in THREADS] + [("processes", n) for n in PROCESSES]
+    """One row per kernel and concurrency: each column's median calls/s, and its median ratio
+    to one thread timed just before it (this VM's speed drifts by up to 20 % within a minute:
+    a ratio of neighbouring figures is steadier than a ratio of medians)."""
+    modes = [("threads", n) for n in THREADS if n > 1] + [("processes", n) for n in PROCESSES]
     variants = {name: {"portkern": kernel, "side by side": side_by_side(kernel), "executor only": executor_only(kernel)}
                 for name, (kernel, _) in kernels.items()}
     samples: dict[tuple, list[float]] = {}
+    ratios: dict[tuple, list[float]] = {}
     for _ in range(rounds):
         for name, (_, inputs) in kernels.items():
             for column, kernel in variants[name].items():
@@ -152,16 +156,18 @@ def rows(kernels: dict, seconds: float, rounds: int) -> list[dict]:
                 for _ in range(5):  # past the inline probes
                     call()
                 for mode, n in modes:
+                    one = threads_rate(call, 1, seconds)
                     rate = (threads_rate if mode == "threads" else processes_rate)(call, n, seconds)
+                    samples.setdefault((name, "threads", 1, column), []).append(one)
                     samples.setdefault((name, mode, n, column), []).append(rate)
+                    ratios.setdefault((name, mode, n, column), []).append(rate / one)
     table = []
     for name in kernels:
-        for mode, n in modes:
+        for mode, n in [("threads", 1)] + modes:
             row = {"kernel": name, "size": KERNELS[name], "mode": mode, "n": n}
             for column in COLUMNS:
-                rate = statistics.median(samples[(name, mode, n, column)])
-                one = statistics.median(samples[(name, "threads", 1, column)])
-                row[column] = {"calls_per_s": rate, "ratio": rate / one}
+                key = (name, mode, n, column)
+                row[column] = {"calls_per_s": statistics.median(samples[key]), "ratio": statistics.median(ratios[key]) if key in ratios else 1.0}
             table.append(row)
     return table
 
@@ -215,7 +221,7 @@ def main() -> None:
         json.dump({"cores": os.cpu_count(), "seconds": args.seconds, "rounds": args.rounds, "rows": table}, sys.stdout, indent=2)
         print()
         return
-    print(f"serving throughput on {os.cpu_count()} cores, calls/s (ratio to 1 thread), median of {args.rounds} rounds of {args.seconds:g} s")
+    print(f"serving throughput on {os.cpu_count()} cores, calls/s (ratio to 1 thread timed just before), median of {args.rounds} rounds of {args.seconds:g} s")
     print(f"{'kernel':<16} {'callers':<12} " + " ".join(f"{c:>18}" for c in COLUMNS))
     for row in table:
         cells = [f"{row[c]['calls_per_s']:>9.0f} ({row[c]['ratio']:4.2f}x)" for c in COLUMNS]

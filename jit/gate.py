@@ -11,17 +11,21 @@ Turns: the thread inside keeps the gate while it comes back for more, until it h
 one turn (`TURN_S`, counted from when it got the gate or, if nobody waited then, from when the
 first waiter came) while others wait; its next exit hands the gate to the first waiter. So
 every thread in line gets a whole turn, and a waiter waits at most one turn per thread ahead
-of it. The first waiter also looks for itself, after naps that double from about one call's
-time up to a quarter turn (`NAP_CAP_S`), so that a gate its last user left for good is taken
-soon; the waiters behind it look once a turn, and are woken once when they come first.
+of it. The first waiter also looks for itself, after naps that grow fourfold from about two
+calls' time up to a quarter turn (`NAP_CAP_S`), so that a gate its last user left for good is taken
+soon; the waiters behind it sleep until they come first (they are woken then), so a turn
+costs the thread inside the same few wake-ups however many threads wait.
 
 Turns do not always pay: where native work is most of a call, threads side by side overlap
-it (a 90 us CNN made 1.8 times the calls of one thread). `Choice` tries both ways on a
-kernel's own calls and keeps the one that made more calls a second.
+it (a 90 us CNN made 1.8 times the calls of one thread). Side by side can only win where a
+call's native part outlasts passing the GIL to a sleeping thread and back (`handoff_s`):
+shorter native parts take turns without a trial (`TURNS`); for longer ones `Choice` tries
+both ways on a kernel's own calls and keeps the one that made more calls a second.
 """
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import deque
@@ -33,6 +37,13 @@ from dataclasses import dataclass, field
 TURN_S = 0.02
 #: The longest nap of the first waiter: a gate its last user left for good is taken within this.
 NAP_CAP_S = TURN_S / 4
+#: Each nap of the first waiter is this many times the one before: every look costs the thread
+#: inside a pass of the GIL there and back, so a turn holds few (five where naps doubled nine).
+NAP_GROWTH = 4
+#: The nap of a waiter behind the first, which is woken when it comes first; only a backstop.
+BEHIND_NAP_S = 1.0
+#: Lock round trips between two threads timed for `handoff_s`.
+HANDOFF_TRIPS = 64
 
 
 def _closed_lock() -> threading.Lock:
@@ -83,7 +94,7 @@ class Gate:
             if self._inside.acquire(blocking=False):  # open, and a waiter's turn is due: it goes first
                 self._hand_over()
             first = self._waiters and self._waiters[0] is waiter
-        self._wait(waiter, 2 * nap_s if first else TURN_S)
+        self._wait(waiter, 2 * nap_s if first else BEHIND_NAP_S)
 
     def leave(self) -> None:
         """Let the next thread in (the thread inside calls this once per `enter`)."""
@@ -109,7 +120,7 @@ class Gate:
                         if waiter.granted:
                             return
                     first = self._waiters and self._waiters[0] is waiter
-                nap = min(2 * nap, NAP_CAP_S) if first else TURN_S
+                nap = min(NAP_GROWTH * nap, NAP_CAP_S) if first else BEHIND_NAP_S
         except BaseException:  # KeyboardInterrupt in the main thread: give up the place, or the gate
             with self._lock:
                 if waiter.granted:
@@ -143,10 +154,58 @@ class Gate:
     @staticmethod
     def _poke(waiter: _Waiter) -> None:
         """Wake a waiter that has just become first in line, so that it looks for itself soon
-        (it napped a whole turn while others were ahead of it)."""
+        (it slept while others were ahead of it)."""
         if not waiter.poked:
             waiter.poked = True
             waiter.wake.release()
+
+
+#: Calls are tried side by side only when their native part lasts this many hand-offs or more.
+#: Side by side against one thread, on two cores: 0.9 hand-offs (the example mlp), 0.64x at two
+#: threads; 1.3 (an MNIST MLP), 0.9-1.1x at two threads but 0.6x at four and eight; 3.1 (an
+#: MNIST CNN), 1.8x.
+SIDE_BY_SIDE_HANDOFFS = 2.0
+
+
+class Turns:
+    """The way of calls too short in native work for side by side to pay: they always take turns."""
+
+
+#: See `Turns`.
+TURNS = Turns()
+_handoff: list[float] = []
+
+
+def handoff_s() -> float:
+    """What passing control to a sleeping thread costs in this process: half a lock round trip
+    between two threads (the median of `HANDOFF_TRIPS`), measured at the first call."""
+    if not _handoff:
+        ping, pong = _closed_lock(), _closed_lock()
+
+        def echo() -> None:
+            for _ in range(HANDOFF_TRIPS):
+                ping.acquire()
+                pong.release()
+
+        thread = threading.Thread(target=echo, name="portkern-handoff", daemon=True)
+        thread.start()
+        trips = []
+        for _ in range(HANDOFF_TRIPS):
+            start = time.perf_counter()
+            ping.release()
+            pong.acquire()
+            trips.append(time.perf_counter() - start)
+        thread.join()
+        _handoff.append(statistics.median(trips) / 2)
+    return _handoff[0]
+
+
+def choose(native_s: float | None) -> "Choice | Turns":
+    """How a kernel's short calls from several threads run: `TURNS` when their native part
+    (`native_s`, None if unknown) is too short for side by side to pay, else a `Choice`."""
+    if native_s is not None and native_s < SIDE_BY_SIDE_HANDOFFS * handoff_s():
+        return TURNS
+    return Choice(time.monotonic())
 
 
 #: How long each way is tried, and for how many windows the better one then stands before

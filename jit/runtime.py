@@ -12,10 +12,13 @@ executor. On the CPU a call with NumPy arrays is one runtime call (`jit/vmcall.p
 releases the GIL once, for the invocation. Of a short call, much is still Python work:
 side by side, threads pass the GIL to and fro with a wake-up each time (two threads made
 half the calls of one with a 30 us kernel, while a 90 us one, two thirds native work, made
-1.8 times as many). So calls shorter than `SMALL_CALL_S` either take turns at the
-process's gate (`jit/gate.py`: one thread at a time runs them back to back, the others
-sleep off the GIL until their turn) or run side by side, whichever made more calls a
-second when the kernel's own calls tried both.
+1.8 times as many). So calls shorter than `SMALL_CALL_S` take turns at the process's gate
+(`jit/gate.py`: one thread at a time runs them back to back, the others sleep off the GIL
+until their turn) when their native part is shorter than two GIL hand-offs; longer ones
+take turns or run side by side, whichever made more calls a second when the kernel's own
+calls tried both. A call is judged short or long on the calling thread's own time
+(`time.thread_time`), so a kernel first called from busy threads is judged as if alone. On
+a free-threaded interpreter (no GIL) calls always run side by side.
 
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
@@ -27,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Iterator
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
-from portkern.jit.gate import Choice, Gate
+from portkern.jit.gate import TURNS, Choice, Gate, Turns, choose
 from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
 
 if TYPE_CHECKING:
@@ -180,8 +184,8 @@ class Executable:
         self._inline_s = float("inf")
         self._inline_probes = 0
         #: For calls that always run inline (set once the probes found them short): whether
-        #: they take turns at the gate or run side by side.
-        self._choice: Choice | None = None
+        #: they take turns at the gate (`TURNS`), or run side by side (None), or try both (`Choice`).
+        self._choice: Choice | Turns | None = None
         self._executor_s = float("inf")
         self._executor_probes = 0
         self._load(driver)
@@ -220,12 +224,12 @@ class Executable:
             except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
-    def _host_call(self, driver: str, arrays, contended: bool = False) -> list[np.ndarray]:
+    def _host_call(self, driver: str, arrays, contended: bool = False, timed: bool = False) -> list[np.ndarray]:
         """NumPy arrays (or device arrays from `upload`) in, NumPy arrays out, on `driver`;
-        `contended`: other threads' calls overlap this one."""
+        `contended`: other threads' calls overlap this one; `timed`: time its native part."""
         loaded = self._load(driver)
         if loaded.call is not None and all(type(array) is np.ndarray for array in arrays):
-            return loaded.call(arrays, contended)
+            return loaded.call(arrays, contended, timed)
         return self._to_host(self._invoke(loaded, arrays))
 
     def _run(self, arrays) -> list[np.ndarray]:
@@ -245,13 +249,17 @@ class Executable:
                     return results
                 if self._executor_s * EXECUTOR_GAIN <= self._inline_s:
                     return self._host_call(self.driver, arrays)
-            start = time.perf_counter()
-            results = self._host_call(inline, arrays, not alone)
-            if self._inline_probes < INLINE_PROBES:
-                self._inline_s = min(self._inline_s, time.perf_counter() - start)
+            probe = self._inline_probes < INLINE_PROBES
+            # The calling thread's own time: other threads' calls, and waits for the GIL, do
+            # not count (a kernel first called from busy threads would pass for a large one).
+            start = time.thread_time() if probe else 0.0
+            results = self._host_call(inline, arrays, not alone, probe)
+            if probe:
+                self._inline_s = min(self._inline_s, time.thread_time() - start)
                 self._inline_probes += 1
-                if self._inline_probes >= INLINE_PROBES and self._inline_s < SMALL_CALL_S:
-                    self._choice = Choice(time.monotonic())
+                if self._inline_probes >= INLINE_PROBES and self._inline_s < SMALL_CALL_S and _gil_enabled():
+                    call = self._load(inline).call
+                    self._choice = choose(call.native_s if call is not None and call.native_s < self._inline_s else None)
             return results
         finally:
             traffic.leave()
@@ -260,22 +268,29 @@ class Executable:
         choice = self._choice
         if choice is None:
             return self._run(arrays)
+        if choice is TURNS:
+            return self._take_turn(arrays)
         start = time.monotonic()
-        process = _process
         if not choice.gated:
-            callers = process.traffic.in_flight + 1
+            callers = _process.traffic.in_flight + 1
             try:
                 return self._run(arrays)
             finally:
                 choice.record(start, time.monotonic(), callers)
-        gate = process.gate
+        try:
+            return self._take_turn(arrays)
+        finally:
+            choice.record(start, time.monotonic(), _process.gate.waiting + 1)
+
+    def _take_turn(self, arrays) -> list[np.ndarray]:
+        """Run inline (a call this short never pays its way on the task executor), one thread
+        at a time through the process's gate."""
+        gate = _process.gate
         gate.enter(self._inline_s)
-        callers = gate.waiting + 1
-        try:  # inline: a call this short never pays its way on the task executor
+        try:
             return self._host_call(INLINE[self.driver], arrays)
         finally:
             gate.leave()
-            choice.record(start, time.monotonic(), callers)
 
     @staticmethod
     def _to_host(results) -> list[np.ndarray]:
@@ -284,6 +299,12 @@ class Executable:
         if not isinstance(results, (tuple, list)):
             results = (results,)
         return distinct([_host(r) for r in results])
+
+
+def _gil_enabled() -> bool:
+    """Whether this interpreter has a GIL (a free-threaded build runs Python in threads at once)."""
+    enabled = getattr(sys, "_is_gil_enabled", None)
+    return enabled() if enabled is not None else True
 
 
 def _host(result) -> np.ndarray:

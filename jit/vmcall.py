@@ -16,6 +16,8 @@ with an argument or an earlier result is copied.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from portkern.errors import KernelRuntimeError
@@ -46,19 +48,25 @@ class VmCall:
         #: NumPy dtype -> HAL element type, and back (filled as calls meet them).
         self._element_types: dict[np.dtype, object] = {}
         self._dtypes: dict[int, np.dtype] = {}
+        #: The shortest invocation timed (`timed` calls): the native part of a call, GIL released.
+        self.native_s = float("inf")
 
-    def __call__(self, arrays, contended: bool = False) -> list[np.ndarray]:
+    def __call__(self, arrays, contended: bool = False, timed: bool = False) -> list[np.ndarray]:
         """Run on C-contiguous arrays; the results as NumPy arrays. `contended`: other threads
-        are calling kernels now (arguments are then copied without releasing the GIL)."""
+        are calling kernels now (arguments are then copied without releasing the GIL);
+        `timed`: count the invocation in `native_s`."""
         hal = self._hal
         args = hal.VmVariantList(len(arrays))
         for array in arrays:
             args.push_ref(self._buffer_view(array, contended).ref)
         results = hal.VmVariantList(1)
+        start = time.thread_time() if timed else 0.0  # this thread's time: a wait for the GIL after it does not count
         try:
             self._context.invoke(self._function, args, results)
         except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
             raise KernelRuntimeError(f"{self.entry}: {exc}") from None
+        if timed:
+            self.native_s = min(self.native_s, time.thread_time() - start)
         return distinct([self._result(results, index) for index in range(len(results))], arrays)
 
     def _buffer_view(self, array: np.ndarray, contended: bool):

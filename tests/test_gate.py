@@ -247,3 +247,58 @@ def test_other_callers_start_a_trial_at_once(gated_calls, side_by_side_calls, ov
         assert choice.gated is way
     _window(choice, now, 10, overlap=overlap)
     assert (choice.gated is not way) is tried
+
+
+def test_waiters_behind_the_first_sleep_until_they_come_first(monkeypatch):
+    """Only the first waiter looks for itself while a thread is inside; the ones behind it are
+    not woken until they come first (each wake-up would cost the thread inside the GIL)."""
+    monkeypatch.setattr(gate_module, "TURN_S", 3600.0)
+    wakes: dict[int, int] = {}
+    waiter = gate_module._Waiter
+
+    class Counting:
+        def __init__(self, index: int) -> None:
+            self.index, self.lock = index, gate_module._closed_lock()
+
+        def acquire(self, timeout: float) -> bool:
+            wakes[self.index] = wakes.get(self.index, 0) + 1
+            return self.lock.acquire(timeout=timeout)
+
+        def release(self) -> None:
+            self.lock.release()
+
+    monkeypatch.setattr(gate_module, "_Waiter", lambda nap_s: waiter(nap_s, Counting(len(wakes))))
+    gate = Gate()
+    gate.enter(1e-4)
+
+    def once() -> None:
+        gate.enter(1e-4)
+        gate.leave()
+
+    threads = [threading.Thread(target=once) for _ in range(3)]
+    for i, thread in enumerate(threads):
+        thread.start()
+        while len(gate._waiters) <= i:
+            time.sleep(0.001)
+    time.sleep(0.2)  # the first waiter looks a few times meanwhile
+    seen = dict(wakes)
+    gate.leave()
+    for thread in threads:
+        thread.join(timeout=BOUND_S)
+    assert not any(thread.is_alive() for thread in threads)
+    assert seen[0] >= 3 and seen[1] == seen[2] == 1, seen
+
+
+def test_handoff_is_measured_once_per_process(monkeypatch):
+    monkeypatch.setattr(gate_module, "_handoff", [])
+    first = gate_module.handoff_s()
+    assert 0 < first < 0.1 and gate_module.handoff_s() == first
+
+
+@pytest.mark.parametrize(("native_s", "way"), [(1e-5, "turns"), (3e-5, "trial"), (None, "trial")])
+def test_calls_whose_native_part_is_under_two_handoffs_always_take_turns(monkeypatch, native_s, way):
+    """Side by side cannot pay where the GIL is away from the Python side for less than it
+    takes to pass it to a sleeping thread and back; an unknown native part is tried."""
+    monkeypatch.setattr(gate_module, "_handoff", [1e-5])
+    chosen = gate_module.choose(native_s)
+    assert (chosen is gate_module.TURNS) if way == "turns" else (isinstance(chosen, gate_module.Choice) and chosen.gated)

@@ -171,25 +171,60 @@ def _calls_from_threads(kernel, threads: int = 4, calls: int = 4) -> list[str]:
     return reports
 
 
-def test_short_calls_take_turns_at_the_gate_until_side_by_side_is_chosen(served, monkeypatch):
-    """Calls shorter than SMALL_CALL_S go through the process's gate, one thread at a time,
-    unless their kernel's trial chose side by side; the GEMM's calls never do. Results are
-    right either way."""
+@pytest.mark.parametrize(
+    ("handoff_s", "gil", "way"),
+    [(1.0, True, "turns"), (0.0, True, "trial"), (1.0, False, "side by side")],
+)
+def test_short_calls_take_turns_unless_side_by_side_can_pay(served, monkeypatch, handoff_s, gil, way):
+    """Calls shorter than SMALL_CALL_S go through the process's gate, one thread at a time:
+    always when their native part is shorter than two GIL hand-offs (here every native part
+    is, with a hand-off of a second), else until their trial chooses side by side (here none
+    has a hand-off); without a GIL they run side by side. The GEMM's calls never take turns.
+    Results are right every way."""
     monkeypatch.setattr(gate, "TRIAL_S", 3600.0)  # no trial switches the way during the test
+    monkeypatch.setattr(gate, "_handoff", [handoff_s])
+    monkeypatch.setattr(runtime, "_gil_enabled", lambda: gil)
     entered: list[str] = []
     enter = runtime.Gate.enter
     monkeypatch.setattr(runtime.Gate, "enter", lambda gate, nap_s: entered.append("gate") or enter(gate, nap_s))
     small, large = served.kernel("mlp"), served.kernel("gemm_bias_relu")
     for kernel in (small, large):
         assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
-    assert small.executable._choice.gated and large.executable._choice is None
-    for kernel, gated in ((small, True), (large, False)):
+    choice = small.executable._choice
+    assert {"turns": choice is gate.TURNS, "trial": isinstance(choice, gate.Choice) and choice.gated, "side by side": choice is None}[way]
+    assert large.executable._choice is None
+    for kernel, gated in ((small, way != "side by side"), (large, False)):
         entered.clear()
         reports = _calls_from_threads(kernel)
         assert sorted(reports + entered) == [""] * 4 + (["gate"] * 16 if gated else []), kernel.name
-    small.executable._choice.gated = False
-    entered.clear()
-    assert _calls_from_threads(small) + entered == [""] * 4
+    if way == "trial":
+        choice.gated = False
+        entered.clear()
+        assert _calls_from_threads(small) + entered == [""] * 4
+
+
+def test_a_kernel_first_called_from_busy_threads_is_still_found_short(served, monkeypatch):
+    """The calls that judge a kernel short or long count the calling thread's own time: with
+    another thread holding the GIL for up to a switch interval at a time (5 ms, 25 times a
+    short call), the example mlp is still judged short, and takes turns."""
+    monkeypatch.setattr(gate, "_handoff", [1.0])
+    kernel = served.kernel("mlp")
+    assert kernel.executable._inline_probes == 0
+    done = threading.Event()
+
+    def busy() -> None:
+        while not done.is_set():
+            sum(range(1000))
+
+    hog = threading.Thread(target=busy)
+    hog.start()
+    try:
+        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
+    finally:
+        done.set()
+        hog.join()
+    assert kernel.executable._inline_s < runtime.SMALL_CALL_S
+    assert kernel.executable._choice is gate.TURNS
 
 
 def test_fork_while_a_thread_is_inside_the_gate(served):
