@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Iterator
@@ -40,6 +39,7 @@ import numpy as np
 from portkern.errors import DeviceError, ForkError, KernelRuntimeError
 from portkern.jit.gate import TURNS, Choice, Gate, Turns, choose
 from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
+from portkern.portable.interpreter import gil_enabled
 
 if TYPE_CHECKING:
     from portkern.jit.parameters import KernelParameters
@@ -257,7 +257,7 @@ class Executable:
             if probe:
                 self._inline_s = min(self._inline_s, time.thread_time() - start)
                 self._inline_probes += 1
-                if self._inline_probes >= INLINE_PROBES and self._inline_s < SMALL_CALL_S and _gil_enabled():
+                if self._inline_probes >= INLINE_PROBES and self._inline_s < SMALL_CALL_S and gil_enabled():
                     call = self._load(inline).call
                     self._choice = choose(call.native_s if call is not None and call.native_s < self._inline_s else None)
             return results
@@ -299,12 +299,6 @@ class Executable:
         if not isinstance(results, (tuple, list)):
             results = (results,)
         return distinct([_host(r) for r in results])
-
-
-def _gil_enabled() -> bool:
-    """Whether this interpreter has a GIL (a free-threaded build runs Python in threads at once)."""
-    enabled = getattr(sys, "_is_gil_enabled", None)
-    return enabled() if enabled is not None else True
 
 
 def _host(result) -> np.ndarray:

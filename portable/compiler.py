@@ -14,6 +14,7 @@ import threading
 from typing import TYPE_CHECKING, Sequence
 
 from portkern.errors import CompileError, brief
+from portkern.portable.interpreter import gil_enabled
 
 if TYPE_CHECKING:
     from iree.compiler import ir
@@ -74,6 +75,12 @@ class Compiler:
     """An IREE compiler session with a fixed set of flags."""
 
     def __init__(self, flags: Sequence[str] = ()) -> None:
+        if not gil_enabled():
+            # iree-base-compiler 3.13.0 under Python 3.13.5t: Session.context never returned.
+            raise CompileError(
+                "IREE's compiler API hangs on a free-threaded Python (no GIL); build and finalise "
+                "with a standard CPython build (kernels already in the cache still run here)"
+            )
         from iree.compiler.api import Session
 
         self.flags = tuple(flags)

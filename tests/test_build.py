@@ -66,3 +66,13 @@ def test_dynamic_shapes_are_recorded(tmp_path):
 def test_invalid_onnx_model(tmp_path):
     with pytest.raises(BuildError, match="ONNX import failed"):
         _build(tmp_path, "not a protobuf", name="m.onnx")
+
+
+def test_a_free_threaded_python_gets_a_typed_error_not_a_hang(monkeypatch):
+    """IREE's compiler API never returned on Python 3.13t: refused at once, with what to do."""
+    from portkern.errors import CompileError
+    from portkern.portable import compiler
+
+    monkeypatch.setattr(compiler, "gil_enabled", lambda: False)
+    with pytest.raises(CompileError, match="free-threaded"):
+        compiler.Compiler()

@@ -183,7 +183,7 @@ def test_short_calls_take_turns_unless_side_by_side_can_pay(served, monkeypatch,
     Results are right every way."""
     monkeypatch.setattr(gate, "TRIAL_S", 3600.0)  # no trial switches the way during the test
     monkeypatch.setattr(gate, "_handoff", [handoff_s])
-    monkeypatch.setattr(runtime, "_gil_enabled", lambda: gil)
+    monkeypatch.setattr(runtime, "gil_enabled", lambda: gil)
     entered: list[str] = []
     enter = runtime.Gate.enter
     monkeypatch.setattr(runtime.Gate, "enter", lambda gate, nap_s: entered.append("gate") or enter(gate, nap_s))
