@@ -302,3 +302,79 @@ def test_calls_whose_native_part_is_under_two_handoffs_always_take_turns(monkeyp
     monkeypatch.setattr(gate_module, "_handoff", [1e-5])
     chosen = gate_module.choose(native_s)
     assert (chosen is gate_module.TURNS) if way == "turns" else (isinstance(chosen, gate_module.Choice) and chosen.gated)
+
+
+class _CountingLock:
+    """A waiter's wake-up lock that counts the waits that timed out (its looks)."""
+
+    looks = 0
+
+    def __init__(self) -> None:
+        self.lock = gate_module._closed_lock()
+
+    def acquire(self, timeout: float) -> bool:
+        woken = self.lock.acquire(timeout=timeout)
+        if not woken:
+            _CountingLock.looks += 1
+        return woken
+
+    def release(self) -> None:
+        self.lock.release()
+
+
+def test_once_turns_run_to_their_end_the_first_waiter_looks_about_once_a_turn(monkeypatch):
+    """Every look costs the thread inside the GIL: while threads keep calling to the end of
+    their turns, the first waiter sleeps until its turn is due (the hand-over wakes it),
+    rather than looking every few milliseconds. Both threads still get their turns."""
+    monkeypatch.setattr(gate_module, "TURN_S", 0.05)
+    monkeypatch.setattr(_CountingLock, "looks", 0)
+    waiter = gate_module._Waiter
+    monkeypatch.setattr(gate_module, "_Waiter", lambda nap_s: waiter(nap_s, _CountingLock()))
+    gate = Gate()
+    stop = threading.Event()
+    calls = [0, 0]
+
+    def hammer(i: int) -> None:
+        while not stop.is_set():
+            gate.enter(1e-4)
+            calls[i] += 1
+            gate.leave()
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)  # about 20 turns: looking every 5 ms would be 200 looks
+    stop.set()
+    for thread in threads:
+        thread.join(timeout=BOUND_S)
+    assert not any(thread.is_alive() for thread in threads)
+    assert min(calls) > 0
+    assert _CountingLock.looks < 60, _CountingLock.looks
+
+
+def test_a_thread_that_steps_out_between_calls_keeps_its_turn(monkeypatch):
+    """A look that finds the gate open only takes it when the thread inside has been out for
+    longer than a call: here it steps out for 5 ms at a time, with 500 ms calls."""
+    monkeypatch.setattr(gate_module, "TURN_S", 3600.0)
+    gate = Gate()
+    gate.enter(0.5)
+    entered = threading.Event()
+
+    def wait() -> None:
+        gate.enter(0.5)
+        entered.set()
+        gate.leave()
+
+    waiting = threading.Thread(target=wait)
+    waiting.start()
+    while not gate._waiters:
+        time.sleep(0.001)
+    until = time.monotonic() + 1.5  # the waiter looks after 1 s, then every 5 ms
+    while time.monotonic() < until:
+        gate.leave()
+        time.sleep(0.005)
+        gate.enter(0.5)
+    assert not entered.is_set()
+    gate.leave()  # now for good: taken once out for longer than a call
+    assert entered.wait(BOUND_S)
+    waiting.join(timeout=BOUND_S)
