@@ -161,6 +161,38 @@ def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served,
     assert used == (["local-task"] * 2 if on_executor else ["local-sync"] * 2)
 
 
+def _drivers_child(kernel, used: list, queue) -> None:
+    used.clear()
+    report = _check_calls(kernel, 4, calls=2)
+    queue.put((report, list(used)))
+
+
+def test_a_forked_child_runs_lone_calls_on_the_calling_thread(served, monkeypatch):
+    """A pre-fork server's workers share the cores: in a forked child a lone call stays on the
+    calling thread even where the parent found the task executor clearly faster (each child
+    spreading its calls over every core made two children worth 1.1 times one)."""
+    kernel = served.kernel("gemm_bias_relu")
+    executable = kernel.executable
+    monkeypatch.setattr(executable, "_inline_probes", runtime.INLINE_PROBES)
+    monkeypatch.setattr(executable, "_inline_s", 1e-3)
+    monkeypatch.setattr(executable, "_executor_probes", runtime.EXECUTOR_PROBES)
+    monkeypatch.setattr(executable, "_executor_s", 0.5e-3)
+    monkeypatch.setattr(runtime, "OVERLAP_WINDOW_S", 0.0)
+    used: list[str] = []
+    host_call = executable._host_call
+    monkeypatch.setattr(executable, "_host_call", lambda driver, *args: used.append(driver) or host_call(driver, *args))
+    assert _check_calls(kernel, 3, calls=1) == "" and used == ["local-task"]
+    queue = FORK.Queue()
+    child = FORK.Process(target=_drivers_child, args=(kernel, used, queue))
+    child.start()
+    try:
+        assert queue.get(timeout=CHILD_BOUND_S) == ("", ["local-sync"] * 2)
+    finally:
+        child.join(timeout=5)
+        if child.is_alive():
+            child.kill()
+
+
 def _calls_from_threads(kernel, threads: int = 4, calls: int = 4) -> list[str]:
     reports: list[str] = []
     workers = [threading.Thread(target=lambda seed=seed: reports.append(_check_calls(kernel, seed, calls))) for seed in range(threads)]
