@@ -277,3 +277,17 @@ def test_a_bytecode_source_keeps_a_text_source_stage(tmp_path, store, rng):
     inputs = example.inputs(rng)
     assert kernel.stage.startswith("source")
     assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def test_a_foreign_release_bundle_is_tuned_from_its_source_stage(foreign, store, rng):
+    """`tune="quick"` on another release's bundle searches, compiling its candidates from the
+    source stage with this IREE, and the tuned kernel matches NumPy."""
+    with pytest.warns(CompatibilityWarning):
+        bundle = portkern.load(foreign, store=store)
+    kernel = bundle.kernel("gemm_transpose_add", tune="quick")
+    assert kernel.tuning is not None and kernel.tuning.source == "search" and kernel.tuning.best_s > 0
+    assert kernel.stage == f"source (built with IREE {OTHER})"
+    example = EXAMPLES["gemm_transpose_add"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert all(e.stage == kernel.stage for e in store.entries() if e.kernel == "gemm_transpose_add")
