@@ -190,9 +190,9 @@ class Gate:
 
 
 #: Calls are tried side by side only when their native part lasts this many hand-offs or more.
-#: Side by side against one thread, on two cores: 0.9 hand-offs (the example mlp), 0.64x at two
-#: threads; 1.3 (an MNIST MLP), 0.9-1.1x at two threads but 0.6x at four and eight; 3.1 (an
-#: MNIST CNN), 1.8x.
+#: Side by side against one thread, on two cores: 0.9 hand-offs (the example mlp), 0.47-0.64x at
+#: two threads; 1.3 (an MNIST MLP), 0.6-1.1x at two threads and 0.4-0.6x at four and eight; 3.1
+#: (an MNIST CNN), 1.5-1.9x.
 SIDE_BY_SIDE_HANDOFFS = 2.0
 
 

@@ -143,11 +143,9 @@ def test_opencl_after_fork_raises_fork_error_and_parent_keeps_working(opencl_exa
     assert done.stdout.splitlines() == ["child: ForkError True", "child: ForkError True", "scratch kept: True", "parent: finalized"]
 
 
-@pytest.mark.parametrize(("executor_ms", "on_executor"), [(0.9, False), (0.5, True)])
-def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served, monkeypatch, executor_ms, on_executor):
-    """After the probes, a lone call goes to the task executor only when its probes ran
-    `EXECUTOR_GAIN` times faster than inline (here inline took 1 ms)."""
-    kernel = served.kernel("gemm_bias_relu")
+def _probed_gemm_drivers(kernel, monkeypatch, executor_ms: float) -> list[str]:
+    """`kernel` past its probes, which found 1 ms inline and `executor_ms` on the task
+    executor, with nothing overlapping lately; the list the driver of each later call goes to."""
     executable = kernel.executable
     monkeypatch.setattr(executable, "_inline_probes", runtime.INLINE_PROBES)
     monkeypatch.setattr(executable, "_inline_s", 1e-3)
@@ -157,6 +155,15 @@ def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served,
     used: list[str] = []
     host_call = executable._host_call
     monkeypatch.setattr(executable, "_host_call", lambda driver, *args: used.append(driver) or host_call(driver, *args))
+    return used
+
+
+@pytest.mark.parametrize(("executor_ms", "on_executor"), [(0.9, False), (0.5, True)])
+def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served, monkeypatch, executor_ms, on_executor):
+    """After the probes, a lone call goes to the task executor only when its probes ran
+    `EXECUTOR_GAIN` times faster than inline (here inline took 1 ms)."""
+    kernel = served.kernel("gemm_bias_relu")
+    used = _probed_gemm_drivers(kernel, monkeypatch, executor_ms)
     assert _check_calls(kernel, 3, calls=2) == ""
     assert used == (["local-task"] * 2 if on_executor else ["local-sync"] * 2)
 
@@ -172,15 +179,7 @@ def test_a_forked_child_runs_lone_calls_on_the_calling_thread(served, monkeypatc
     calling thread even where the parent found the task executor clearly faster (each child
     spreading its calls over every core made two children worth 1.1 times one)."""
     kernel = served.kernel("gemm_bias_relu")
-    executable = kernel.executable
-    monkeypatch.setattr(executable, "_inline_probes", runtime.INLINE_PROBES)
-    monkeypatch.setattr(executable, "_inline_s", 1e-3)
-    monkeypatch.setattr(executable, "_executor_probes", runtime.EXECUTOR_PROBES)
-    monkeypatch.setattr(executable, "_executor_s", 0.5e-3)
-    monkeypatch.setattr(runtime, "OVERLAP_WINDOW_S", 0.0)
-    used: list[str] = []
-    host_call = executable._host_call
-    monkeypatch.setattr(executable, "_host_call", lambda driver, *args: used.append(driver) or host_call(driver, *args))
+    used = _probed_gemm_drivers(kernel, monkeypatch, 0.5)
     assert _check_calls(kernel, 3, calls=1) == "" and used == ["local-task"]
     queue = FORK.Queue()
     child = FORK.Process(target=_drivers_child, args=(kernel, used, queue))
