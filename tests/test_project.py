@@ -19,9 +19,16 @@ def test_readme_opens_with_the_demo_and_the_test_command():
     assert opening_commands() == ["./dev.sh demo", "./dev.sh test"]
 
 
-def test_ci_runs_the_readme_test_command():
+def ci_steps() -> list[str]:
+    """The commands `.ci/run` runs as steps (`step NAME COMMAND...`, each run even when another fails)."""
     ci = (ROOT / ".ci" / "run").read_text()
-    assert opening_commands()[1] in ci.splitlines()
+    steps = [m.group(1).split("#")[0].strip() for m in re.finditer(r"^step \S+ (.+)$", ci, re.M)]
+    assert steps, ".ci/run must run its commands as `step NAME COMMAND` lines"
+    return steps
+
+
+def test_ci_runs_the_readme_test_command():
+    assert opening_commands()[1] in ci_steps()
 
 
 def pyproject() -> dict:
@@ -98,4 +105,4 @@ def test_ci_smoke_tests_exactly_the_supported_pythons():
     admitted = SpecifierSet(project["requires-python"])
     assert all(f"{v}.0" in admitted for v in pythons)
     assert f"3.{int(pythons[0].split('.')[1]) - 1}.99" not in admitted and f"3.{int(pythons[-1].split('.')[1]) + 1}.0" not in admitted
-    assert "./dev.sh compat" in (ROOT / ".ci" / "run").read_text().splitlines()
+    assert "./dev.sh compat" in ci_steps()
