@@ -84,10 +84,12 @@ def follow_root(consumer: str, root_default: CpuConfig, root: CpuConfig, paralle
     IREE gives the ops fused with the root (fills, epilogues) vector tiles that
     repeat the root's; they follow the new root when they repeat the root's
     default exactly, either over the root's loops or over its parallel loops
-    (`parallel`: their indices) only.
+    (`parallel`: their indices) only. Their cache-level tiles (`cache_parallel`,
+    which IREE adds on AVX2 targets) are dropped with the root's: a written root
+    config has none.
     """
     lists = attribute_lists(consumer)
-    if set(lists) - {"vector_common_parallel", "vector_reduction"} or not consumer.startswith(ATTRIBUTE + "<"):
+    if set(lists) - {"vector_common_parallel", "vector_reduction", "cache_parallel"} or not consumer.startswith(ATTRIBUTE + "<"):
         return None
     projected_default = tuple(root_default.vector_parallel[i] for i in parallel)
     projected = tuple(root.vector_parallel[i] for i in parallel)

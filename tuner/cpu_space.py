@@ -22,7 +22,9 @@ f32) keep out candidates that cannot compile or cannot be better:
   .V over the keys (the tiled reduction); P1 holds for the larger one, rows x
   keys x max(lane tile, head dim). Measured on a 8x8x128x32 attention
   (AVX-512): the lane loop whole (the value head dim, 32) and 8 rows ran 1.8x
-  faster than the default 8x16; keys tiles of 8-16 beat 1-4.
+  faster than the default 8x16; keys tiles of 8-16 beat 1-4. Where the
+  default leaves the rows at 1 (AVX2, 16 vector registers), P5 keeps them at
+  1 and `quick` varies the keys tiles with the lane loop whole.
 
 The lane loop is the innermost parallel loop whose default vector tile is a
 multiple of the lanes, else (reductions such as row sums) such a reduction
@@ -252,7 +254,7 @@ class CpuSpace:
         every = self.stage_candidates(0, ())
         if self.attention:
             whole = self.dispatch.sizes[self.lane]  # type: ignore[index]
-            return _unique(c for rows in ATTENTION_QUICK_ROWS for keys in ATTENTION_QUICK_KEYS
+            return _unique(c for rows in self._attention_quick_rows() for keys in ATTENTION_QUICK_KEYS
                            for c in every if self._shape(c, self.lane) == (rows, whole, keys))  # type: ignore[arg-type]
         if not self.contraction:
             return sorted(every, key=self._distance)[: len(QUICK_SHAPES)]
@@ -262,6 +264,14 @@ class CpuSpace:
             for k in QUICK_REDUCTION:
                 wanted += [c for c in every if self._shape(c, lane) == (rows, vectors * self.lanes, k)]
         return _unique(wanted)
+
+    def _attention_quick_rows(self) -> tuple[int, ...]:
+        """Rows tiles of `quick` attention candidates: ATTENTION_QUICK_ROWS, or 1 where the default
+        leaves every rows loop at 1 (P5; IREE does on AVX2), the lane loop whole and the keys tiles still varied."""
+        rows = [i for i, p in enumerate(self.dispatch.parallel) if p and i != self.lane]
+        if all(self._tile_choices(i) == [1] for i in rows):
+            return (1,)
+        return ATTENTION_QUICK_ROWS
 
     def _shape(self, config: CpuConfig, lane: int) -> tuple[int, int, int]:
         """(accumulator rows, lane-loop tile, innermost reduction tile) of a contraction's register tile."""
