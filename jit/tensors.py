@@ -4,6 +4,10 @@ Any object with `__dlpack__` (torch CPU tensors, JAX CPU arrays, ...) is taken a
 view of the same memory (`numpy.from_dlpack`). What NumPy cannot view is refused with an
 `ArgumentTypeError` that says what to do: a tensor outside host memory (copy it to the host
 first), one that requires grad (detach it), an element type NumPy has not (bfloat16, ...).
+A torch tensor with its negative or conjugate bit set (a lazy view such as `z.conj().imag` or
+`torch._neg_view(x)`, whose memory holds the values before negation or conjugation, a bit that
+`numpy.from_dlpack` would ignore or torch refuses to export) is resolved first (`resolve_neg()`,
+`resolve_conj()`: a copy with the values it stands for).
 When every input of a call is a torch tensor, the results are torch tensors over portkern's
 result arrays (`torch.from_dlpack`). Nothing here imports a framework: a torch tensor comes
 with torch already imported.
@@ -16,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from portkern.errors import ArgumentTypeError
+from portkern.errors import ArgumentTypeError, brief
 
 #: A function that turns a call's result array into the caller's framework's tensor.
 Wrap = Callable[[np.ndarray], object]
@@ -41,10 +45,11 @@ def as_array(kernel: str, index: int, value: object) -> np.ndarray:
         )
     if getattr(value, "requires_grad", False) is True:
         raise ArgumentTypeError(f"{kernel}() argument {index} is a {kind} that requires grad; pass tensor.detach()")
+    value = _resolved(kernel, index, kind, value)
     try:
         return np.from_dlpack(value)
     except (BufferError, RuntimeError, TypeError, ValueError, AttributeError) as exc:
-        reason = " ".join(str(exc).split())[:200] or type(exc).__name__
+        reason = brief(exc, None, sep=" ", limit=200) or type(exc).__name__
         raise ArgumentTypeError(f"{kernel}() argument {index}: a {kind} that NumPy cannot view ({reason})") from None
 
 
@@ -62,6 +67,34 @@ def result_wrapper(args: Sequence[object]) -> Wrap | None:
         return torch.from_dlpack(array)
 
     return wrap
+
+
+def _resolved(kernel: str, index: int, kind: str, value: object) -> object:
+    """A torch tensor (of any subclass) with its conjugate and negative bits applied (a copy where one is set); any
+    other value as it is. An ArgumentTypeError where a bit is set and cannot be applied."""
+    torch = sys.modules.get("torch")  # a torch tensor (of a subclass too) comes with torch imported
+    if torch is None or not isinstance(value, torch.Tensor):
+        return value
+    for bit, name, done, resolve in (("is_conj", "conjugate", "conjugated", "resolve_conj"), ("is_neg", "negative", "negated", "resolve_neg")):
+        try:
+            if not _bit_set(value, bit):
+                continue
+            value = getattr(value, resolve)()
+            if not _bit_set(value, bit):
+                continue
+            cause = f"{resolve}() left it set"
+        except Exception as exc:  # noqa: BLE001 - a tensor type whose bit cannot be read or applied is refused
+            cause = brief(exc, None, sep=" ", limit=200) or type(exc).__name__
+        raise ArgumentTypeError(
+            f"{kernel}() argument {index} is a {kind} with the {name} bit set (a lazily {done} "
+            f"view, whose memory holds the values before that), which could not be applied ({cause}); pass tensor.{resolve}()"
+        )
+    return value
+
+
+def _bit_set(value: object, bit: str) -> bool:
+    test = getattr(value, bit, None)
+    return bool(test()) if callable(test) else False
 
 
 def _device(value: object) -> int | None:

@@ -17,6 +17,7 @@ from portkern.portable.manifest import KernelSpec
 from portkern.portable.onnx_parameters import has_external_data, importer_flags, is_large, load_kernel_graph, opset_of, parameter_data
 from portkern.portable.parameters import ParameterData, referenced
 from portkern.portable.onnx_limits import check_model
+from portkern.portable import onnx_semantics
 from portkern.portable.onnx_model import failing_operator
 from portkern.portable.producer import Producer, current_producer
 from portkern.portable.torch_import import import_torch
@@ -80,21 +81,20 @@ def _import_onnx_kernel(spec: KernelSpec) -> tuple[bytes, tuple[ParameterData, .
     """The importer's MLIR for an ONNX kernel, and its parameters. A large model at opset
     ONNX_OPSET or newer reaches the checks and the importer without its inline weights
     (`load_graph` leaves them in the file, whence the bundle's section is written). The importer
-    reads the model as the bundle keeps it: MatMul weights transposed (`portable.onnx_layout`)."""
-    model, transposed = load_kernel_graph(spec.source)
+    reads the model as the bundle keeps it: prepared (`onnx_model.prepare`, as every ONNX intake) and
+    its MatMul weights transposed (`portable.onnx_layout`)."""
+    model, _ = load_kernel_graph(spec.source)
     large = is_large(spec.source) and opset_of(model) >= ONNX_OPSET
     if large:
         check_model(model.SerializeToString(), str(spec.source))
     else:
         # older models are upgraded by the importer first, which needs the whole model
         check_model(spec.source.read_bytes(), str(spec.source))
-    if large or transposed:
-        with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
-            path = Path(tmp) / spec.source.name
-            path.write_bytes(model.SerializeToString())
-            text = import_onnx(path, large=large or has_external_data(model, spec.source), shown=spec.source)
-    else:
-        text = import_onnx(spec.source, large=has_external_data(model, spec.source))
+    onnx_semantics.rewrite(model)  # what IREE leaves to the hardware, as onnx's reference computes it
+    with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
+        path = Path(tmp) / spec.source.name
+        path.write_bytes(model.SerializeToString())
+        text = import_onnx(path, large=large or has_external_data(model, spec.source), shown=spec.source)
     return text, parameter_data(model, spec.source, spec.name, referenced(text))
 
 

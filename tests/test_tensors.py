@@ -156,6 +156,37 @@ def test_non_contiguous_torch_tensors_are_copied_as_arrays_are(kernel):
     assert_reference(out.numpy(), arrays)
 
 
+def test_torch_tensors_with_the_negative_bit_give_the_values_they_stand_for(kernel):
+    """`z.conj().imag` is a lazily negated view: its memory holds imag(z) and its negative bit says to
+    negate it (a bit `numpy.from_dlpack` ignores). A kernel computes on the values it stands for, and
+    the caller's tensors are left as they were."""
+    torch = pytest.importorskip("torch", reason=NEEDS_TORCH)
+    a, b, bias = arrays = inputs(8)
+    negated = [torch.complex(torch.zeros(x.shape), torch.from_numpy(-x)).conj().imag for x in (a, b)]
+    assert all(t.is_neg() for t in negated)
+    assert all(np.array_equal(np.from_dlpack(t), -x) for t, x in zip(negated, (a, b)))  # what the bit-blind view reads
+    out = kernel(*negated, torch.from_numpy(bias))
+    assert isinstance(out, torch.Tensor)
+    assert_reference(out.numpy(), arrays)
+    # a negative-bit tensor beside plain ones, and as the only torch tensor (results as NumPy then)
+    mixed = kernel(a, negated[1], bias)
+    assert type(mixed) is np.ndarray
+    assert_reference(mixed, arrays)
+    assert all(t.is_neg() for t in negated)
+    np.testing.assert_array_equal(negated[0].resolve_neg().numpy(), a)
+
+
+def test_torch_tensors_with_the_conjugate_bit_are_resolved_before_the_checks(kernel):
+    """A conjugate view (which torch will not export through DLPack) is resolved, so that it meets
+    the same checks as any tensor: here a complex64 argument where float32 is expected."""
+    torch = pytest.importorskip("torch", reason=NEEDS_TORCH)
+    a, b, bias = inputs(9)
+    conjugated = torch.complex(torch.from_numpy(a), torch.from_numpy(a)).conj()
+    assert conjugated.is_conj()
+    with pytest.raises(ArgumentTypeError, match="argument 0 must have dtype float32, got complex64"):
+        kernel(conjugated, torch.from_numpy(b), torch.from_numpy(bias))
+
+
 def test_torch_dtype_shape_grad_and_device_are_typed_errors(kernel):
     torch = pytest.importorskip("torch", reason=NEEDS_TORCH)
     a, b, bias = (torch.from_numpy(x) for x in inputs(7))

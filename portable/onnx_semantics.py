@@ -1,0 +1,623 @@
+"""ONNX operator semantics IREE (3.13) leaves to the hardware, rewritten before import so that a
+kernel computes what onnx's reference computes, on every ISA level it runs on.
+
+- BitShift by a negative amount or by the element type's width or more: IREE's shift is LLVM's,
+  whose result there is undefined (x86 masks the amount per instruction, and AVX2 and AVX-512 code
+  differ). onnx's reference gives 0, and for a RIGHT shift of a signed type the sign (-1 for a
+  negative value). The rewrite selects that value where the amount is out of range and shifts by
+  an amount clamped into range elsewhere:
+  `Where(out, fill, BitShift(x, Where(out, 0, s)))`, `out = Or(Less(s, 0), Greater(s, width - 1))`,
+  `fill` 0, or `BitShift(x, width - 1)` (RIGHT, signed).
+- NaN, for floating-point inputs (integer models are left as they are). onnx's reference is
+  NumPy's: `Max`/`Min` give the first NaN operand, `Clip` gives a NaN `x` (or a NaN bound), `Sign`
+  gives NaN, `ArgMax`/`ArgMin` take a NaN as the extreme (the first NaN along the axis, the last
+  with `select_last_index`), `Hardmax` puts its 1 on that NaN. IREE gives the other operand,
+  the clipped bound, 0, and an index or position that ignores the NaN. The rewrites:
+  `Max(a, b, ...)` -> `Where(IsNaN(a), a, Where(IsNaN(b), b, ... Max(a, b, ...)))` (`Min` alike);
+  `Clip(x, lo, hi)` -> `Where(IsNaN(x), x, Where(IsNaN(lo), lo, Where(IsNaN(hi), hi, Clip(...))))`,
+  `Sign(x)` -> `Where(IsNaN(x), x, Sign(x))`;
+  `ArgMax(x)` -> `Where(any, ArgMax(m), ArgMax(x))` with `m = Cast(IsNaN(x), float)` and
+  `any = ReduceMax(m) > 0` along the same axis (`ArgMin` alike, with `ArgMax(m)`);
+  `Hardmax(x)` -> `Where(any, Hardmax(m), Hardmax(x))` with `any` kept as a dimension. Operands
+  that are constant numbers are not checked. A model older than opset 9 (which brought IsNaN and
+  Where) is upgraded to opset 9 first.
+  Where IREE already agrees with the reference (checked on IREE 3.13: `ReduceMax`, `ReduceMin` and
+  the other `Reduce*` propagate NaN; `Greater`, `Less`, `Equal`, `GreaterOrEqual`, `LessOrEqual`
+  are false on NaN; `Relu`, `LeakyRelu`, `Abs`, `Floor`, `Ceil`, `Round`, `Exp`, `Log`, `Sqrt`,
+  `Tanh`, `Sigmoid`, `Softmax`, `LogSoftmax`, `Mean`, `Sum`, `Mod`, `CumSum`, `GlobalMaxPool` keep
+  it), nothing is rewritten. Not rewritten, and still different from the reference: `TopK` (whose
+  reference sorts NaN above every number), `MaxPool` (whose reference skips NaN in a window) and
+  `Pow` (IREE gives NaN for `pow(1, nan)`, `pow(nan, 0)`, `pow(0, 0)` and a negative base).
+"""
+
+from __future__ import annotations
+
+from portkern.errors import BuildError, brief
+
+#: Integer element types (TensorProto codes) -> (bits, signed).
+_INTEGERS = {2: (8, False), 3: (8, True), 4: (16, False), 5: (16, True), 6: (32, True), 7: (64, True), 12: (32, False), 13: (64, False)}
+#: Floating-point element types (TensorProto codes) IREE imports: float, float16, double, bfloat16.
+_FLOATS = {1, 10, 11, 16}
+#: Operators whose NaN results IREE computes differently from onnx's reference.
+_NAN_OPS = ("Max", "Min", "Clip", "Sign", "ArgMax", "ArgMin", "Hardmax")
+#: Operators whose results IREE computes differently from onnx's reference for more than NaN.
+_MORE_OPS = ("Pow", "TopK", "MaxPool")
+_DOUBLE = 11
+_FLOAT, _BOOL = 1, 9
+#: The first opset with IsNaN and Where, which the NaN rewrites use; an older model is upgraded to it first.
+_NAN_OPSET = 9
+
+
+def rewrite(model):
+    """Rewrite `model` (an onnx ModelProto) in place as this module says; returns whether it changed.
+    Subgraphs (If, Loop, Scan bodies) are rewritten too."""
+    graphs = list(_graphs(model.graph))
+    ops = ("BitShift", *_NAN_OPS, *_MORE_OPS)
+    if not any(_is_onnx(node) and node.op_type in ops for g in graphs for node in g.node):
+        return False
+    wanted = {node.input[0] for g in graphs for node in g.node if _is_onnx(node) and node.op_type in ops and node.input}
+    wanted |= {name for g in graphs for node in g.node if _is_onnx(node) and node.op_type in ("BitShift", "Pow") for name in node.input}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    ranked = {node.input[0] for g in graphs for node in g.node if _is_onnx(node) and node.op_type == "Hardmax" and node.input} if opset < 13 else set()
+    types, ranks = _element_types(model, wanted, ranked)
+
+    def needs_opset_9(n) -> bool:
+        code = types.get(n.input[0]) if n.input else None
+        return code in _FLOATS or (n.op_type == "Pow" and code in _INTEGERS)
+
+    if opset < _NAN_OPSET and any(_is_onnx(n) and n.op_type in (*_NAN_OPS, *_MORE_OPS) and needs_opset_9(n) for g in graphs for n in g.node):
+        _upgrade(model, _NAN_OPSET)
+        return rewrite(model) or True
+    pools = [n for g in graphs for n in g.node if _is_onnx(n) and n.op_type == "MaxPool" and types.get(n.input[0]) in _FLOATS]
+    dims = _dims(model, {v for n in pools for v in (*n.input[:1], *n.output[:1])}) if pools else {}
+    names = _Names(graphs)
+    changed = False
+    for graph in reversed(graphs):  # innermost first: an outer graph's new nodes are copies
+        constants = _constant_values(graph, {name for node in graph.node if _is_onnx(node) and node.op_type in ("BitShift", "Clip", "Max", "Min", "Pow", "Pad") for name in node.input})
+        producers = {out: node for node in graph.node for out in node.output}
+        nodes, rewritten = [], False
+        for node in graph.node:
+            replacement = None
+            if _is_onnx(node) and node.op_type == "BitShift" and len(node.input) == 2:
+                replacement = _bitshift(node, types, constants, names)
+            elif _is_onnx(node) and node.op_type in _NAN_OPS:
+                replacement = _nan(node, types, ranks, constants, names, opset)
+            elif _is_onnx(node) and node.op_type == "Pow" and len(node.input) == 2:
+                replacement = _pow(node, types, constants, names)
+            elif _is_onnx(node) and node.op_type == "TopK":
+                replacement = _topk(node, types, names, opset)
+            elif _is_onnx(node) and node.op_type == "MaxPool":
+                replacement = _max_pool(node, types, dims, constants, producers, names)
+            if replacement is not None:
+                nodes += replacement
+                rewritten = True
+                continue
+            nodes.append(node)
+        if rewritten:
+            del graph.node[:]
+            graph.node.extend(nodes)
+            changed = True
+    return changed
+
+
+def _upgrade(model, opset: int) -> None:
+    """Convert `model` in place to `opset` (onnx's version converter), or a BuildError."""
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(model, opset)
+    except Exception as exc:  # noqa: BLE001 - the converter's failures are RuntimeErrors and assertions
+        raise BuildError(
+            f"the model (opset {next((o.version for o in model.opset_import if o.domain in ('', 'ai.onnx')), 1)}) could not be "
+            f"upgraded to opset {opset}, which its NaN semantics need: {brief(exc, last=True)}"
+        ) from None
+    model.CopyFrom(converted)
+
+
+def _is_onnx(node) -> bool:
+    return node.domain in ("", "ai.onnx")
+
+
+def _graphs(graph):
+    """`graph` and every subgraph in it, outermost first."""
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("g"):
+                yield from _graphs(a.g)
+            for sub in a.graphs:
+                yield from _graphs(sub)
+
+
+class _Names:
+    """Fresh value and node names, unused by the model."""
+
+    def __init__(self, graphs) -> None:
+        self.used = set()
+        for graph in graphs:
+            self.used |= {v for node in graph.node for v in (*node.input, *node.output, node.name)}
+            self.used |= {v.name for v in (*graph.input, *graph.output, *graph.initializer, *graph.value_info)}
+
+    def __call__(self, base: str) -> str:
+        index = 0
+        while f"{base}_{index}" in self.used:
+            index += 1
+        name = f"{base}_{index}"
+        self.used.add(name)
+        return name
+
+
+def _bitshift(node, types: dict, constants: dict, names: _Names) -> list | None:
+    """The nodes that replace one BitShift node, or None where its shift amounts are all in range."""
+    import numpy as np
+    from onnx import helper, numpy_helper
+
+    x, s = node.input
+    (y,) = node.output
+    code = types.get(x) or types.get(s)
+    if code is None:
+        raise BuildError(
+            f"BitShift node {node.name or y!r}: the element type of its inputs is not known, so a shift by a negative "
+            "amount or by the type's width or more could not be made to give onnx's result"
+        )
+    if code not in _INTEGERS:
+        return None  # not an integer type: the importer refuses it
+    bits, signed = _INTEGERS[code]
+    amount = constants.get(s)
+    if amount is not None and np.all((amount >= 0) & (amount < bits)):
+        return None
+    direction = next((a.s.decode() for a in node.attribute if a.name == "direction"), "")
+    dtype = helper.tensor_dtype_to_np_dtype(code)
+    base = (node.name or y).replace("/", "_")
+
+    def constant(value: int) -> tuple[object, str]:
+        name = names(f"{base}_bitshift_const")
+        return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(value, dtype=dtype), name)), name
+
+    zero_node, zero = constant(0)
+    top_node, top = constant(bits - 1)
+    high, low, out, safe = (names(f"{base}_bitshift_{what}") for what in ("high", "low", "out", "safe"))
+    made = [zero_node, top_node, helper.make_node("Greater", [s, top], [high])]
+    if signed:
+        made += [helper.make_node("Less", [s, zero], [low]), helper.make_node("Or", [low, high], [out])]
+    else:
+        out = high
+    made.append(helper.make_node("Where", [out, zero, s], [safe]))
+    shifted = names(f"{base}_bitshift_in_range")
+    made.append(helper.make_node("BitShift", [x, safe], [shifted], name=node.name, direction=direction))
+    if direction == "RIGHT" and signed:
+        fill = names(f"{base}_bitshift_sign")
+        made.append(helper.make_node("BitShift", [x, top], [fill], direction="RIGHT"))
+    else:
+        fill = zero
+    made.append(helper.make_node("Where", [out, fill, shifted], [y]))
+    return made
+
+
+def _nan(node, types: dict, ranks: dict, constants: dict, names: _Names, opset: int) -> list | None:
+    """The nodes that give one Max, Min, Clip, Sign, ArgMax, ArgMin or Hardmax node onnx's NaN
+    results, or None where its input is not floating-point (or the node needs none)."""
+    from onnx import helper
+
+    op = node.op_type
+    if not node.input or not node.input[0] or (op in ("Max", "Min") and len(node.input) < 2):
+        return None
+    x = node.input[0]
+    y = node.output[0] if node.output else ""
+    if not y:
+        return None
+    code = types.get(x)
+    if code is None:
+        raise BuildError(
+            f"{op} node {node.name or y!r}: the element type of its input is not known, so its result "
+            "for a NaN could not be made to give onnx's"
+        )
+    if code not in _FLOATS:
+        return None
+    base = (node.name or y).replace("/", "_")
+    inner = names(f"{base}_nan_inner")
+    original = helper.make_node(op, list(node.input), [inner, *node.output[1:]], name=node.name)
+    original.attribute.extend(node.attribute)
+    made = [original]
+
+    def make(op_type: str, inputs: list, **attributes) -> str:
+        out = names(f"{base}_nan_{op_type.lower()}")
+        made.append(helper.make_node(op_type, inputs, [out], **attributes))
+        return out
+
+    if op in ("Max", "Min", "Clip", "Sign"):
+        # the NaN operands, first to last; Clip's bounds where they may be NaN
+        checked = list(node.input) if op in ("Max", "Min") else [x, *node.input[1:3]] if op == "Clip" else [x]
+        checked = [v for v in checked if v and not _is_number(constants.get(v))]
+        if not checked:
+            return None
+        result = inner
+        for i, value in enumerate(reversed(checked)):
+            last = i == len(checked) - 1
+            where = helper.make_node("Where", [make("IsNaN", [value]), value, result], [y if last else names(f"{base}_nan_where")])
+            made.append(where)
+            result = where.output[0]
+        return made
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    if op == "Hardmax":
+        axis = attributes.get("axis", -1 if opset >= 13 else 1)
+        axes = [axis]
+        if opset < 13:  # Hardmax-1/11 work on the input flattened to 2-D at `axis`
+            rank = ranks.get(x)
+            if rank is None:
+                raise BuildError(
+                    f"Hardmax node {node.name or y!r}: the rank of its input is not known, so its result "
+                    "for a NaN could not be made to give onnx's"
+                )
+            axes = list(range(axis % rank if rank else 0, rank))
+        mask = make("Cast", [make("IsNaN", [x])], to=code)
+        nan_at = make("Hardmax", [mask], **attributes)
+        keepdims = 1
+    else:  # ArgMax, ArgMin: a NaN is the extreme either way
+        axes = [attributes.get("axis", 0)]
+        keepdims = attributes.get("keepdims", 1)
+        mask = make("Cast", [make("IsNaN", [x])], to=_FLOAT)
+        nan_at = make("ArgMax", [mask], **attributes)
+    if opset >= 18:
+        from onnx import numpy_helper
+        import numpy as np
+
+        axes_name = names(f"{base}_nan_axes")
+        made.append(helper.make_node("Constant", [], [axes_name], value=numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name)))
+        any_nan = make("ReduceMax", [mask, axes_name], keepdims=keepdims)
+    else:
+        any_nan = make("ReduceMax", [mask], axes=axes, keepdims=keepdims)
+    made.append(helper.make_node("Where", [make("Cast", [any_nan], to=_BOOL), nan_at, inner], [y]))
+    return made
+
+
+class _Builder:
+    """New nodes for one rewritten node, named after it."""
+
+    def __init__(self, base: str, names: _Names) -> None:
+        self.base, self.names, self.made = base.replace("/", "_"), names, []
+
+    def node(self, node) -> None:
+        self.made.append(node)
+
+    def const(self, value, code: int) -> str:
+        from onnx import helper
+
+        name = self.names(f"{self.base}_const")
+        self.made.append(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, code, [], [value])))
+        return name
+
+    def ints(self, values, name: str = "indices") -> str:
+        from onnx import TensorProto, helper
+
+        name = self.names(f"{self.base}_{name}")
+        values = list(values)
+        self.made.append(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)))
+        return name
+
+    def __call__(self, op_type: str, *inputs: str, out: str | None = None, **attributes) -> str:
+        from onnx import helper
+
+        out = out or self.names(f"{self.base}_{op_type.lower()}")
+        self.made.append(helper.make_node(op_type, list(inputs), [out], **attributes))
+        return out
+
+
+def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:
+    """The nodes that give one Pow node C's (NumPy's) results, or None where IREE's already are."""
+    import numpy as np
+    from onnx import helper
+
+    x, y = node.input
+    (out,) = node.output
+    code, exponent_code = types.get(x), types.get(y)
+    if code is None or (exponent_code is None and code in _FLOATS):
+        raise BuildError(
+            f"Pow node {node.name or out!r}: the element type of its inputs is not known, so its result for a negative "
+            "base, a zero exponent or a NaN could not be made to give onnx's"
+        )
+    c = constants.get(y)
+    if c is not None and c.size == 1 and np.isfinite(c).all() and ((c >= 0) & (c == np.floor(c)) | (c == 0.5)).all():
+        return None  # IREE computes x * x ..., 1 and sqrt(x) for such an exponent, as the reference does
+    base_value = constants.get(x)
+    if code in _FLOATS and base_value is not None and (np.isfinite(base_value) & (base_value > 0) & (base_value != 1)).all():
+        return None  # a positive base other than 1: IREE's pow(b, y) is the reference's
+    b = _Builder(node.name or out, names)
+    if code in _INTEGERS:
+        if exponent_code not in _INTEGERS:
+            return None  # an integer raised to floating-point powers is left to IREE (see the module's docstring)
+        return _integer_pow(node, code, exponent_code, constants.get(y), b)
+    if code not in _FLOATS:
+        return None
+    one, ax = b.const(1.0, code), b("Abs", x)
+    if c is not None and c.size == 1 and not np.isfinite(c).all():  # IREE's importer fails on some, folds others wrong
+        if np.isnan(c).all():
+            b("Where", b("Equal", x, one), one, b.const(float("nan"), code), out=out)
+        else:
+            above, below = (float("inf"), 0.0) if (c > 0).all() else (0.0, float("inf"))
+            inside = b("Where", b("Less", ax, one), b.const(below, code), b("Where", b("IsNaN", x), x, one))
+            b("Where", b("Greater", ax, one), b.const(above, code), inside, out=out)
+        return b.made
+    raised = names(f"{b.base}_pow")
+    b.node(helper.make_node("Pow", [ax, y], [raised], name=node.name))
+    # pow(1, y) is 1 for every y, a NaN or an infinity too; the absolute value undoes IREE's -inf for 0 ** -n
+    r = b("Where", b("Equal", ax, one), one, b("Abs", raised))
+    integral = exponent_code in _INTEGERS or (c is not None and np.all(np.floor(c) == c))
+    if exponent_code in _INTEGERS:
+        zero_e, two_e = b.const(0, exponent_code), b.const(2, exponent_code)
+        odd = b("Not", b("Equal", b("Sub", y, b("Mul", b("Div", y, two_e), two_e)), zero_e))
+        y_zero = b("Equal", y, zero_e)
+    else:
+        zero_e = b.const(0.0, exponent_code)
+        halved = b("Floor", b("Mul", y, b.const(0.5, exponent_code)))
+        odd = b("Equal", b("Sub", y, b("Mul", halved, b.const(2.0, exponent_code))), b.const(1.0, exponent_code))
+        y_zero = b("Equal", y, zero_e)
+    zero = b.const(0.0, code)
+    if c is None or np.any(_odd(c)):  # a negative base (-0 and -inf too) raised to an odd integer is negative
+        negative = b("Or", b("Less", x, zero), b("Less", b("Reciprocal", x), zero))
+        r = b("Where", b("And", negative, odd), b("Neg", r), r)
+    if not integral:  # a finite negative base raised to a non-integer is NaN
+        finite_negative = b("And", b("Less", x, zero), b("Greater", x, b.const(float("-inf"), code)))
+        fraction = b("Not", b("Equal", b("Floor", y) if exponent_code not in _INTEGERS else y, y))
+        r = b("Where", b("And", finite_negative, fraction), b.const(float("nan"), code), r)
+    if c is None or np.any(c == 0):  # x ** 0 is 1 for every x, a NaN too
+        r = b("Where", y_zero, one, r)
+    b.made[-1].output[0] = out
+    return b.made
+
+
+def _odd(values):
+    """Which of `values` (an array) are odd integers."""
+    import numpy as np
+
+    values = np.asarray(values)
+    if values.dtype.kind in "iu":
+        return values % 2 != 0
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(values) & (np.floor(values) == values) & (np.fmod(values, 2) != 0)
+
+
+def _integer_pow(node, code: int, exponent_code: int, exponent, b: _Builder) -> list:
+    """An integer Pow as squarings and products: exact for every result the type holds."""
+    import numpy as np
+
+    bits, _ = _INTEGERS[code]
+    steps = bits.bit_length() - 1  # |x| >= 2 raised to 2 ** steps or more overflows
+    x, y = node.input
+    (out,) = node.output
+    zero_e, one_e, two_e = (b.const(v, exponent_code) for v in (0, 1, 2))
+    # a larger exponent keeps its parity, for the bases -1, 0 and 1 whose powers do not overflow
+    limit = b.const(2**steps - 2, exponent_code)
+    parity = b("Sub", y, b("Mul", b("Div", y, two_e), two_e))
+    e = y if exponent is not None and np.all((exponent >= 0) & (exponent < 2**steps)) else b(
+        "Where", b("Less", y, zero_e), zero_e, b("Where", b("Greater", y, limit), b("Add", limit, b("Abs", parity)), y)
+    )
+    result, square = b.const(1, code), x
+    for step in range(steps):
+        half = b("Div", e, two_e)
+        bit = b("Equal", b("Sub", e, b("Mul", half, two_e)), one_e)
+        result = b("Where", bit, b("Mul", result, square), result)
+        if step < steps - 1:
+            square, e = b("Mul", square, square), half
+    b.made[-1].output[0] = out
+    return b.made
+
+
+def _topk(node, types: dict, names: _Names, opset: int) -> list | None:
+    """The nodes that make one TopK node order NaN above +inf, or None where its input is not
+    floating-point. The order is TopK's over a double key: NaN -> +inf, +inf -> the largest double."""
+    from onnx import helper
+
+    x = node.input[0] if node.input else ""
+    if not x or len(node.output) < 2 and not node.output[0]:
+        return None
+    code = types.get(x)
+    if code is None:
+        raise BuildError(f"TopK node {node.name or node.output[0]!r}: the element type of its input is not known, so its order for a NaN could not be made onnx's")
+    if code not in _FLOATS or (code == _DOUBLE and opset < 11):
+        return None
+    b = _Builder(node.name or node.output[0], names)
+    wide = x if code == _DOUBLE else b("Cast", x, to=_DOUBLE)
+    top, inf = b.const(1.7976931348623157e308, _DOUBLE), b.const(float("inf"), _DOUBLE)
+    key = b("Where", b("IsNaN", wide), inf, b("Where", b("Equal", wide, inf), top, wide))
+    values, indices = (list(node.output) + [""])[:2]
+    key_values = names(f"{b.base}_key_values")
+    index_name = indices or names(f"{b.base}_indices")
+    sort = helper.make_node("TopK", [key, *node.input[1:]], [key_values, index_name], name=node.name)
+    sort.attribute.extend(node.attribute)
+    b.node(sort)
+    if values:
+        if code == _DOUBLE:
+            axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), -1)
+            b("GatherElements", x, index_name, out=values, axis=axis)
+        else:
+            narrow = b("Cast", key_values, to=code)
+            narrow = b("Where", b("Equal", key_values, top), b.const(float("inf"), code), narrow)
+            b("Where", b("Equal", key_values, inf), b.const(float("nan"), code), narrow, out=values)
+    return b.made
+
+
+def _max_pool(node, types: dict, dims: dict, constants: dict, producers: dict, names: _Names) -> list | None:
+    """The nodes that give one MaxPool node onnx's NaN results, or None where its input is not
+    floating-point or it has an Indices output."""
+    from onnx import helper
+
+    if len(node.output) != 1 or not node.input or not node.input[0]:
+        return None
+    x, (out,) = node.input[0], node.output
+    code = types.get(x)
+    if code is None:
+        raise BuildError(f"MaxPool node {node.name or out!r}: the element type of its input is not known, so its result for a NaN could not be made onnx's")
+    if code not in _FLOATS:
+        return None
+    attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    kernel = list(attributes.get("kernel_shape") or [])
+    rank = len(kernel)
+    strides = list(attributes.get("strides") or [1] * rank)
+    dilations = list(attributes.get("dilations") or [1] * rank)
+    b = _Builder(node.name or out, names)
+    nan, zero = b.const(float("nan"), code), b.const(0.0, code)
+    missing = b("IsNaN", x)
+    pooled = names(f"{b.base}_numbers")
+    pool = helper.make_node("MaxPool", [b("Where", missing, b.const(float("-inf"), code), x)], [pooled], name=node.name)
+    pool.attribute.extend(node.attribute)
+    b.node(pool)
+    first = None
+    if set(strides) != {1} or set(dilations) != {1}:
+        first = _first_in_window(x, out, attributes, kernel, strides, dilations, dims, constants, producers, b)
+    if first is not None:  # the reference's loop keeps a NaN it meets first in a window, and skips later ones
+        b("Where", b("IsNaN", first), first, pooled, out=out)
+    else:  # NaN where a window holds no number
+        numbers = names(f"{b.base}_counted")
+        counted = helper.make_node("MaxPool", [b("Cast", b("Not", missing), to=code)], [numbers])
+        counted.attribute.extend(node.attribute)
+        b.node(counted)
+        b("Where", b("Greater", numbers, zero), pooled, nan, out=out)
+    return b.made
+
+
+def _first_in_window(x, out, attributes, kernel, strides, dilations, dims, constants, producers, b) -> str | None:
+    """Each window's first element of the input (the first one inside it, in row-major order), or
+    None where the input's or the output's spatial size is not known. A Pad with -inf in front of
+    the MaxPool (`onnx_model.explicit_pool_pads`) counts as the pool's padding."""
+    import math
+
+    import numpy as np
+    from onnx import helper
+
+    rank = len(kernel)
+    pads = list(attributes.get("pads") or [0] * (2 * rank))
+    source = x
+    padding = producers.get(x)
+    if padding is not None and _is_onnx(padding) and padding.op_type == "Pad":
+        pad_attributes = {a.name: helper.get_attribute_value(a) for a in padding.attribute}
+        amounts = pad_attributes.get("pads")
+        if amounts is None and len(padding.input) > 1:
+            amounts = constants.get(padding.input[1])
+        value = pad_attributes.get("value")
+        if value is None and len(padding.input) > 2 and padding.input[2]:
+            value = constants.get(padding.input[2])
+        full = len(amounts) // 2 if amounts is not None else 0
+        if (
+            amounts is not None and value is not None and np.all(np.asarray(value) == -np.inf)
+            and pad_attributes.get("mode", b"constant") in (b"constant", "constant") and len(padding.input) < 4
+            and full == rank + 2 and not any(amounts[:2]) and not any(amounts[full:full + 2])
+        ):
+            source = padding.input[0]
+            pads = [int(p) + q for p, q in zip([*amounts[2:full], *amounts[full + 2:]], pads)]
+    in_shape, out_shape = dims.get(source), dims.get(out)
+    if in_shape is None or out_shape is None or len(in_shape) != rank + 2 or len(out_shape) != rank + 2:
+        return None
+    sizes, outs = in_shape[2:], out_shape[2:]
+    if any(v is None for v in (*sizes, *outs)) or min(pads, default=0) < 0:
+        return None
+    auto_pad = attributes.get("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    first = source
+    for axis in range(rank):
+        span = (kernel[axis] - 1) * dilations[axis] + 1
+        if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+            total = max(0, (outs[axis] - 1) * strides[axis] + span - sizes[axis])
+            begin = total // 2 if auto_pad == "SAME_UPPER" else total - total // 2
+        elif auto_pad == "VALID":
+            begin = 0
+        else:
+            begin = pads[axis]
+        indices = []
+        for o in range(outs[axis]):
+            start = o * strides[axis] - begin
+            if start < 0:
+                start += math.ceil(-start / dilations[axis]) * dilations[axis]
+            indices.append(min(max(start, 0), sizes[axis] - 1))
+        if indices != list(range(sizes[axis])):
+            first = b("Gather", first, b.ints(indices), axis=axis + 2)
+    return first
+
+
+def _is_number(value) -> bool:
+    """Whether `value` (a constant's array, or None) is known and holds no NaN."""
+    import numpy as np
+
+    return value is not None and not (value.dtype.kind in "fc" and np.isnan(value).any())
+
+
+def _element_types(model, wanted: set, ranked: set = frozenset()) -> tuple[dict, dict]:
+    """Value name -> TensorProto element type, and value name -> rank where known, as the model states
+    them in any of its graphs (shape inference where it states no type for a `wanted` value, or no
+    rank for a `ranked` one)."""
+
+    def read(graphs) -> tuple[dict, dict]:
+        found, ranks = {}, {}
+        for g in graphs:
+            found.update({t.name: t.data_type for t in g.initializer})
+            ranks.update({t.name: len(t.dims) for t in g.initializer})
+            for value in (*g.input, *g.output, *g.value_info):
+                if value.type.HasField("tensor_type"):
+                    tensor = value.type.tensor_type
+                    if tensor.elem_type:
+                        found[value.name] = tensor.elem_type
+                    if tensor.HasField("shape"):
+                        ranks[value.name] = len(tensor.shape.dim)
+            for node in g.node:
+                if node.op_type == "Constant":
+                    for a in node.attribute:
+                        if a.name == "value" and a.HasField("t"):
+                            found[node.output[0]] = a.t.data_type
+                            ranks[node.output[0]] = len(a.t.dims)
+        return found, ranks
+
+    types, ranks = read(_graphs(model.graph))
+    if wanted - set(types) or ranked - set(ranks):
+        try:
+            from onnx import shape_inference
+
+            inferred, inferred_ranks = read(_graphs(shape_inference.infer_shapes(model).graph))
+            types = {**inferred, **types}
+            ranks = {**inferred_ranks, **ranks}
+        except Exception:  # noqa: BLE001 - a model shape inference cannot read keeps the stated types
+            pass
+    return types, ranks
+
+
+def _dims(model, wanted: set) -> dict:
+    """Value name -> its dimensions (an int, or None where not known), for the `wanted` values
+    whose shape the model states or shape inference finds."""
+
+    def read(graphs) -> dict:
+        found = {}
+        for g in graphs:
+            for value in (*g.input, *g.output, *g.value_info):
+                tensor = value.type.tensor_type if value.type.HasField("tensor_type") else None
+                if value.name in wanted and tensor is not None and tensor.HasField("shape"):
+                    found[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in tensor.shape.dim]
+        return found
+
+    found = read(_graphs(model.graph))
+    if any(name not in found or None in found[name] for name in wanted):
+        try:
+            from onnx import shape_inference
+
+            inferred = read(_graphs(shape_inference.infer_shapes(model).graph))
+            found = {**found, **{k: v for k, v in inferred.items() if k not in found or None in found[k]}}
+        except Exception:  # noqa: BLE001 - a model shape inference cannot read keeps the stated shapes
+            pass
+    return found
+
+
+def _constant_values(graph, wanted: set) -> dict:
+    """Value name -> its array, for the `wanted` values that are initializers with inline data (and
+    not graph inputs) or Constant nodes' values."""
+    from onnx import numpy_helper
+    from onnx.external_data_helper import uses_external_data
+
+    inputs = {i.name for i in graph.input}
+    found = {}
+    for tensor in graph.initializer:
+        if tensor.name in wanted and tensor.name not in inputs and not uses_external_data(tensor):
+            found[tensor.name] = numpy_helper.to_array(tensor)
+    for node in graph.node:
+        if node.op_type == "Constant" and node.output and node.output[0] in wanted:
+            for a in node.attribute:
+                if a.name == "value" and a.HasField("t"):
+                    found[node.output[0]] = numpy_helper.to_array(a.t)
+    return found
