@@ -3,8 +3,8 @@
 models, and node conformance cases (generated in-process; the wheel ships no node data).
 
 `manifest` writes a model set as a manifest, each model made a kernel by
-`portkern.portable.onnx_model.as_kernel` (graph named after the kernel, values given identifier
-names: PyTorch exports name the graph `torch-jit-export` and values `0`, `1`, ...).
+`portkern.portable.onnx_model.as_kernel` (graph named after the kernel: PyTorch exports name the
+graph `torch-jit-export`; values keep their names, `0`, `1`, ...).
 """
 
 from __future__ import annotations

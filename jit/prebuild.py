@@ -66,4 +66,4 @@ def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | Non
         records.append(dataclasses.replace(record, native=tuple(native[label] for label in sorted(native))))
     referenced = {item.blob for r in records for item in (*r.stages, *r.native)}
     kept = {sha: data for sha, data in blobs.items() if sha in referenced}
-    return Prebuilt(Bundle(bundle.name, tuple(records), kept, version=bundle.version), tuple(failures))
+    return Prebuilt(dataclasses.replace(bundle, kernels=tuple(records), blobs=kept), tuple(failures))  # parameters kept

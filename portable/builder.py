@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 from portkern.errors import BuildError, PortkernError
 from portkern.portable.bundle import IREE_KINDS, Bundle, KernelRecord, Stage, sha256, write_bundle
@@ -92,13 +92,22 @@ def family_stage(spec: KernelSpec, lowered: Lowered, name: str, compiler: Compil
     return stage, data
 
 
-def self_check(data: bytes, output: str | Path, file_size: int | None = None) -> None:
+def self_check(data: bytes, output: str | Path, file_size: int | None = None, needed: Iterable[tuple[str, str, str]] = ()) -> None:
     """Read a bundle's bytes back exactly as `portkern.load` will, before they are published
-    (`data`: header and payload; `file_size`: with the parameter section, if there is one)."""
+    (`data`: header and payload; `file_size`: with the parameter section, if there is one), and
+    check that it holds every parameter its kernels were built to need (`needed`: kernel, scope, name)."""
     try:
-        read_back(data, file_size)
+        back = read_back(data, file_size)
     except PortkernError as exc:
         raise BuildError(f"{output}: not written: the bundle as built fails the reader ({type(exc).__name__}: {exc})") from None
+    held = {(record.name, p.scope, p.name) for record in back.kernels for p in record.parameters}
+    missing = sorted(set(needed) - held)
+    if missing:
+        kernel, scope, name = missing[0]
+        raise BuildError(
+            f"{output}: not written: kernel {kernel!r} needs {len(missing)} parameter(s) the bundle lacks "
+            f"(first: {scope}::{name}); every call of it would fail"
+        )
 
 
 def build_file(
@@ -107,7 +116,8 @@ def build_file(
     """Build the bundle a manifest describes and write it to `output` (`source`: see `build`)."""
     with tempfile.TemporaryDirectory(prefix="portkern-build-") as workdir:
         bundle = build(load_manifest(manifest_path), progress, Path(workdir), source)
+        needed = [(p.kernel, p.scope, p.name) for p in bundle.parameter_data]
         if finish is not None:
             bundle = finish(bundle)
-        digest = write_bundle(bundle, output, check=lambda data, size: self_check(data, output, size))
+        digest = write_bundle(bundle, output, check=lambda data, size: self_check(data, output, size, needed))
     return replace(bundle, digest=digest, version=bundle.written_version(), parameter_data=())

@@ -46,13 +46,16 @@ from portkern.portable.producer import Producer
 MAGIC = b"\x89PKB\r\n\x1a\n"
 FORMAT_MAJOR = 1
 #: The newest minor version this portkern reads. It writes the oldest one that holds the bundle:
-#: 1.2 when a kernel has a source stage (phase `start`), else 1.1 when there is a parameter
-#: section, else 1.0 (docs/bundle-format.md).
-FORMAT_MINOR = 2
+#: 1.3 when a contract's argument names are free text (`ShapeContract.free_names`), else 1.2 when
+#: a kernel has a source stage (phase `start`), else 1.1 when there is a parameter section, else
+#: 1.0 (docs/bundle-format.md).
+FORMAT_MINOR = 3
 #: The first minor version with a parameter section.
 PARAMETERS_MINOR = 1
 #: The first minor version with source stages.
 SOURCE_MINOR = 2
+#: The first minor version with free-text argument names (and their identifiers) in contracts.
+NAMES_MINOR = 3
 #: The phase of a source stage: the kernel as written, not lowered at all.
 SOURCE_PHASE = "start"
 #: Kernel kinds whose sources are lowered to MLIR stages for IREE (others: OpenCL C, SPIR-V).
@@ -291,6 +294,8 @@ class Bundle:
         """The oldest format version that holds this bundle (what `encode` writes)."""
         with_source = any(stage.is_source for record in self.kernels for stage in record.stages)
         with_parameters = self.parameters is not None or bool(self.parameter_data)
+        if any(record.signature.contract is not None and record.signature.contract.free_names for record in self.kernels):
+            return (FORMAT_MAJOR, NAMES_MINOR)
         return (FORMAT_MAJOR, SOURCE_MINOR if with_source else PARAMETERS_MINOR if with_parameters else 0)
 
     def meta(self) -> dict:
@@ -440,6 +445,10 @@ def decode(data: bytes, validated: Callable[[str], bool] | None = None, file_siz
     section = _check_parameters(meta, version, kernels, data, end, file_size)
     if version[1] < SOURCE_MINOR and any(stage.is_source for k in kernels for stage in k.stages):
         raise MalformedBundleError(f"source stages need format 1.{SOURCE_MINOR}; the header says {version[0]}.{version[1]}")
+    if version[1] < NAMES_MINOR and any("identifiers" in k.get("signature", {}).get("contract", {}) for k in meta["kernels"]):
+        raise MalformedBundleError(f"argument identifiers need format 1.{NAMES_MINOR}; the header says {version[0]}.{version[1]}")
+    if version[1] < NAMES_MINOR and any(k.signature.contract is not None and k.signature.contract.free_names for k in kernels):
+        raise MalformedBundleError(f"free-text argument names need format 1.{NAMES_MINOR}; the header says {version[0]}.{version[1]}")
     return Bundle(meta["name"], kernels, blobs, digest, version, section)
 
 

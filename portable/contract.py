@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
-from portkern.errors import ArgumentShapeError
+from portkern.errors import ArgumentShapeError, ArgumentTypeError
 
 #: One dimension: a size, or a symbol.
 Dim = Union[int, str]
@@ -23,6 +23,14 @@ Dim = Union[int, str]
 Rule = Union[str, tuple[int, ...]]
 
 SYMBOL = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+#: An argument name as a model states it (exporters write `0`, `gpu_0/data_0`, `onnx::MatMul_12`):
+#: 1 to MAX_NAME_CHARS characters, none of them a control character.
+MAX_NAME_CHARS = 256
+NAME = re.compile(r"^[^\x00-\x1f\x7f-\x9f]{1,%d}$" % MAX_NAME_CHARS)
+#: The names bundle formats 1.0 to 1.2 hold; others need format 1.3 (`free_names`).
+PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.]{0,127}$")
+#: An argument's identifier form (what Python keywords and MLIR take).
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 MAX_SYMBOLS = 256
 #: Where a contract came from: derived from the IR, or stated (manifest `shapes:`, ONNX `dim_param`) and checked against it.
 ORIGINS = ("ir", "stated")
@@ -44,8 +52,19 @@ class ShapeContract:
     origin: str = "ir"
     #: Per symbol, how its sizes are grouped into buckets (default "pow2"; see `bucket_of`).
     buckets: Mapping[str, "Rule"] = field(default_factory=dict)
-    #: The arguments' names (the source's `%names`, ONNX input names), when known.
+    #: The arguments' names as the source states them (the source's `%names`, ONNX input names), when known.
     names: tuple[str, ...] = ()
+    #: Beside `names`, an identifier per argument (`identifiers_for`); derived when not recorded.
+    identifiers: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.names and not self.identifiers:
+            object.__setattr__(self, "identifiers", identifiers_for(self.names))
+
+    @property
+    def free_names(self) -> bool:
+        """Whether an argument name is outside what bundle formats before 1.3 hold."""
+        return any(not PLAIN_NAME.match(n) for n in self.names)
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -95,9 +114,12 @@ class ShapeContract:
         return ",".join(_bucket(symbol, values[symbol], self.buckets.get(symbol, "pow2")) for symbol in self.symbols if symbol in values)
 
     def arg_index(self, name: str) -> int | None:
-        """The argument a name (`a`, `arg0`, `0`) refers to, None when none."""
+        """The argument a name (`a`, `gpu_0/data_0` or its identifier `gpu_0_data_0`, `arg0`, `0`)
+        refers to, None when none."""
         if name in self.names:
             return self.names.index(name)
+        if name in self.identifiers:
+            return self.identifiers.index(name)
         for prefix in ("arg", ""):
             if name.startswith(prefix) and name[len(prefix):].isdigit() and int(name[len(prefix):]) < len(self.inputs):
                 return int(name[len(prefix):])
@@ -109,6 +131,8 @@ class ShapeContract:
             data["buckets"] = {k: (v if isinstance(v, str) else list(v)) for k, v in self.buckets.items()}
         if self.names:
             data["names"] = list(self.names)
+            if self.free_names:
+                data["identifiers"] = list(self.identifiers)
         return data
 
     @classmethod
@@ -120,6 +144,7 @@ class ShapeContract:
             data.get("origin", "ir"),
             {k: (v if isinstance(v, str) else tuple(v)) for k, v in data.get("buckets", {}).items()},
             tuple(data.get("names", ())),
+            tuple(data.get("identifiers", ())),
         )
 
     def problem(self, inputs: Sequence[Sequence[int | None]], results: Sequence[Sequence[int | None]]) -> str | None:
@@ -151,6 +176,16 @@ class ShapeContract:
                 return f"bucketing rule of {symbol}: {problem}"
         if self.names and len(self.names) != len(self.inputs):
             return f"{len(self.names)} argument names for {len(self.inputs)} arguments"
+        if len(set(self.names)) != len(self.names):
+            return "two arguments have the same name"
+        bad = next((n for n in self.names if not NAME.match(n)), None)
+        if bad is not None:
+            return f"the argument name {escaped(bad)} is empty, longer than {MAX_NAME_CHARS} characters or holds a control character"
+        if len(self.identifiers) != len(self.names) or len(set(self.identifiers)) != len(self.identifiers):
+            return f"{len(self.identifiers)} distinct argument identifiers for {len(self.names)} names"
+        bad = next((n for n in self.identifiers if not IDENTIFIER.match(n)), None)
+        if bad is not None:
+            return f"{escaped(bad)} is not an identifier"
         return None
 
     def __str__(self) -> str:
@@ -158,6 +193,67 @@ class ShapeContract:
         results = [shape_text(s) for s in self.results]
         shown = results[0] if len(results) == 1 else f"({', '.join(results)})"
         return f"({args}) -> {shown}"
+
+
+def identifier(name: str) -> str:
+    """An identifier for a name: itself when it is one, else its letters and digits with `_` for
+    the rest (`gpu_0/data_0` -> `gpu_0_data_0`), prefixed `v_` where it would start with a digit (`0` -> `v_0`)."""
+    if IDENTIFIER.match(name):
+        return name
+    text = "".join(c if c.isascii() and (c.isalnum() or c == "_") else "_" for c in name).strip("_")
+    text = re.sub(r"_+", "_", text) or "v"
+    return (text if not text[0].isdigit() else "v_" + text)[:120]
+
+
+def identifiers_for(names: Sequence[str]) -> tuple[str, ...]:
+    """Distinct identifiers for names, in order: `identifier`, with `_2`, `_3`, ... where two would be equal."""
+    taken: set[str] = set(n for n in names if IDENTIFIER.match(n))
+    out = []
+    for name in names:
+        base = identifier(name)
+        if base != name:
+            candidate, count = base, 1
+            while candidate in taken:
+                count += 1
+                candidate = f"{base}_{count}"
+            base = candidate
+        taken.add(base)
+        out.append(base)
+    return tuple(out)
+
+
+def escaped(name: str) -> str:
+    """A name as messages show it: as it is when an identifier, else quoted with non-printable and
+    non-ASCII characters escaped as Python writes them (`'gpu_0/data_0'`, `'out\\xfc'`)."""
+    if IDENTIFIER.match(name):
+        return name
+    return "'" + name.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
+
+
+def arrange(kernel: str, contract: "ShapeContract | None", count: int, args: Sequence, named: Mapping[str, object]) -> list:
+    """Positional arguments for a call that passes some by name (`k(x=..., w=...)`, or
+    `k(**{"gpu_0/data_0": x})`): the model's names, their identifiers, or `arg0`, ...;
+    ArgumentTypeError for an unknown, repeated or missing one."""
+    slots: list = list(args) + [_MISSING] * max(0, count - len(args))
+    if len(args) > count:
+        raise ArgumentTypeError(f"{kernel}() takes {count} arguments, {len(args)} were given")
+    probe = contract if contract is not None else ShapeContract(tuple(() for _ in range(count)), ())
+    for name, value in named.items():
+        index = probe.arg_index(str(name))
+        if index is None or index >= count:
+            known = ", ".join(escaped(n) for n in (probe.names or [f"arg{i}" for i in range(count)]))
+            raise ArgumentTypeError(f"{kernel}() has no argument {escaped(str(name))} (arguments: {known})")
+        if slots[index] is not _MISSING:
+            raise ArgumentTypeError(f"{kernel}() got argument {index} twice (by position or name, and as {escaped(str(name))})")
+        slots[index] = value
+    missing = [i for i, v in enumerate(slots) if v is _MISSING]
+    if missing:
+        shown = [escaped(probe.names[i]) if probe.names else f"arg{i}" for i in missing]
+        raise ArgumentTypeError(f"{kernel}() has no value for argument {', '.join(shown)}")
+    return slots
+
+
+_MISSING = object()
 
 
 def shape_text(shape: Sequence[Dim | None]) -> str:

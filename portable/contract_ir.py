@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable, Hashable, Mapping, Sequence
 from portkern.errors import BuildError, CompileError
 from portkern.portable.bundle import Signature
 from portkern.portable.compiler import Compiler, operations
-from portkern.portable.contract import SYMBOL, Dim, ShapeContract, UncheckedShapesWarning
+from portkern.portable.contract import SYMBOL, Dim, ShapeContract, UncheckedShapesWarning, escaped, identifiers_for
 from portkern.portable.manifest import KernelSpec
 from portkern.portable.onnx_parameters import load_graph
 
@@ -51,7 +51,7 @@ def build_contract(spec: KernelSpec, compiler: Compiler, source: bytes | str, en
 
     def where(atom: Atom) -> str:
         side, index, axis = atom
-        return f"{(inputs if side == 'in' else results)[index]} dimension {axis}"
+        return f"{escaped((inputs if side == 'in' else results)[index])} dimension {axis}"
 
     derivation = derive(compiler, source, entry, signature, spec.name)
     stated = dict(onnx_dim_params(spec)) if spec.kind == "onnx" else {}
@@ -90,7 +90,8 @@ def bucket_rules(spec: KernelSpec, contract: ShapeContract) -> dict:
 
 def argument_names(spec: KernelSpec, source: bytes | str, entry: str, n_inputs: int, n_results: int) -> tuple[list[str], list[str]]:
     """Names of the entry's arguments and results, for `shapes:` keys and messages:
-    the MLIR text's `%names`, an ONNX graph's input and output names, else `arg0`, `result0`."""
+    the MLIR text's `%names`, an ONNX graph's input and output names as the model writes them
+    (free text: `0`, `gpu_0/data_0`), else `arg0`, `result0`."""
     inputs = [f"arg{i}" for i in range(n_inputs)]
     results = [f"result{k}" for k in range(n_results)]
     if spec.kind == "onnx":
@@ -120,7 +121,9 @@ def _balanced(text: str, start: int) -> str:
 def stated_shapes(spec: KernelSpec, inputs: Sequence[str], results: Sequence[str], signature: Signature) -> dict:
     """The manifest's `shapes:` as atoms -> size or symbol, checked against the signature."""
     shapes = spec.options.get("shapes") or {}
-    names = {name: ("in", i) for i, name in enumerate(inputs)}
+    names = {name: ("in", i) for i, name in enumerate(identifiers_for(inputs))}
+    names.update({name: ("out", k) for k, name in enumerate(identifiers_for(results))})
+    names.update({name: ("in", i) for i, name in enumerate(inputs)})
     names.update({name: ("out", k) for k, name in enumerate(results)})
     names.update({f"arg{i}": ("in", i) for i in range(len(inputs))})
     names.update({f"result{k}": ("out", k) for k in range(len(results))})
@@ -129,17 +132,17 @@ def stated_shapes(spec: KernelSpec, inputs: Sequence[str], results: Sequence[str
         if name not in names:
             raise BuildError(
                 f"{spec.source}: kernel {spec.name!r}: `shapes:` names {name!r}, which is not an argument or result "
-                f"(arguments: {', '.join(inputs) or 'none'}; results: {', '.join(results) or 'none'})"
+                f"(arguments: {', '.join(map(escaped, inputs)) or 'none'}; results: {', '.join(map(escaped, results)) or 'none'})"
             )
         side, index = names[name]
         spec_shape = (signature.inputs if side == "in" else signature.results)[index].shape
         if len(dims) != len(spec_shape):
             raise BuildError(
-                f"{spec.source}: kernel {spec.name!r}: `shapes: {name}` has {len(dims)} dimensions, the IR's type has {len(spec_shape)}"
+                f"{spec.source}: kernel {spec.name!r}: `shapes: {escaped(name)}` has {len(dims)} dimensions, the IR's type has {len(spec_shape)}"
             )
         for axis, (dim, size) in enumerate(zip(dims, spec_shape)):
             if isinstance(dim, int) and size is not None and dim != size:
-                raise BuildError(f"{spec.source}: kernel {spec.name!r}: `shapes: {name}` dimension {axis} is {dim}, the IR's type says {size}")
+                raise BuildError(f"{spec.source}: kernel {spec.name!r}: `shapes: {escaped(name)}` dimension {axis} is {dim}, the IR's type says {size}")
             stated[(side, index, axis)] = dim
     return stated
 

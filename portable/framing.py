@@ -95,7 +95,7 @@ def meta_and_blobs(
 ) -> tuple[dict, dict[str, bytes]]:
     """A payload's `meta` (checked against the named JSON schema unless `validate` is
     False) and `blobs` (name -> bytes)."""
-    from portkern.schemas import validator
+    from portkern.schemas import violations
 
     if not isinstance(document, dict) or set(document) != {"meta", "blobs"}:
         raise error("payload must be a map with exactly the keys 'meta' and 'blobs'")
@@ -104,13 +104,10 @@ def meta_and_blobs(
         raise error("'blobs' must map sha256 names to bytes")
     if not validate:
         return meta, blobs
-    problems = sorted(validator(schema).iter_errors(meta), key=lambda e: list(e.absolute_path))
+    problems = violations(schema, meta)
     if problems:
         first = problems[0]
-        where = "/".join(map(str, first.absolute_path)) or "meta"
-        rule = first.schema.get("description") if first.validator == "pattern" and isinstance(first.schema, dict) else None
-        detail = f"{first.instance!r} is not {rule}" if rule else first.message
-        raise error(f"metadata does not match the {schema} schema at {where}: {detail[:300]}")
+        raise error(f"metadata does not match the {schema} schema at {first.where}: {first.detail[:300]}")
     return meta, blobs
 
 

@@ -1,10 +1,14 @@
-"""An ONNX model made ready to be one kernel: its graph named after the kernel, its values given
-identifier names, and what it needs described (operators, inputs) for refusals and callers."""
+"""An ONNX model made ready to be one kernel: the one preparation every ONNX intake passes through
+(`prepare`: legacy PRelu slopes, padded MaxPools IREE cannot lower), its graph named after the
+kernel, and what it needs described (operators, inputs) for refusals and callers. Value names
+stay as the model states them: they are data (`portable.contract` derives identifiers beside them)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from portkern.portable.contract import identifier
 
 _LOCATION = re.compile(r"(?:^|\s)-:(\d+):\d+:")
 _OPERATOR = re.compile(r'"onnx\.(\w+)"')
@@ -15,7 +19,7 @@ class GraphInput:
     """One input a caller passes (graph inputs that are initializers are not passed)."""
 
     name: str
-    #: The name the kernel's source uses (an identifier).
+    #: Its identifier form (`portable.contract.identifier`), for keyword arguments.
     kernel_name: str
 
 
@@ -24,31 +28,36 @@ def kernel_name(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_") or "model"
 
 
-def identifier(name: str) -> str:
-    """A value name as an identifier (`0` -> `v_0`); identifiers and the empty name stay as they are."""
-    return name if not name or name.isidentifier() else "v_" + kernel_name(name)
-
-
 def as_kernel(model, name: str):
-    """A copy of an `onnx.ModelProto` with its graph named `name`, every value named by `identifier`,
-    and legacy per-channel PRelu slopes made explicit (`channel_slopes`)."""
+    """A copy of an `onnx.ModelProto` with its graph named `name` (the entry function's name); its
+    values keep their names, and the build prepares it like any ONNX source (`prepare`)."""
     import onnx
 
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
     proto.graph.name = name
-    _rename(proto.graph)
-    channel_slopes(proto)
     return proto
 
 
-def channel_slopes(model) -> None:
+def prepare(model) -> bool:
+    """The one preparation of an ONNX model for IREE's importer, in place, whichever way it came in
+    (a manifest's `.onnx` source, `portkern.onnx.prepare`): legacy per-channel PRelu slopes made
+    explicit (`channel_slopes`) and asymmetric MaxPool padding made an explicit Pad (`explicit_pool_pads`).
+    Whether it changed the model."""
+    slopes = channel_slopes(model)
+    pads = explicit_pool_pads(model)
+    return slopes or pads
+
+
+def channel_slopes(model) -> bool:
     """Before opset 7, a PRelu slope of shape [C] applies per channel (axis 1) of an input of any rank;
     from opset 7 it broadcasts from the last axis, which is what IREE's importer does after upgrading.
-    Such a slope initializer is reshaped to [C, 1, ...] in place, which means the same in both."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    Such a slope initializer is reshaped to [C, 1, ...] in place, which means the same in both.
+    Whether one was."""
+    opset = _opset(model)
     if opset >= 7:
-        return
+        return False
+    changed = False
     graph = model.graph
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim] for v in graph.input}
     initializers = {t.name: t for t in graph.initializer}
@@ -60,11 +69,100 @@ def channel_slopes(model) -> None:
             continue
         dims = [slope.dims[0]] + [1] * (len(x) - 2)
         slope.dims[:] = dims
+        changed = True
         for value in graph.input:
             if value.name == slope.name:
                 del value.type.tensor_type.shape.dim[:]
                 for d in dims:
                     value.type.tensor_type.shape.dim.add().dim_value = d
+    return changed
+
+
+def explicit_pool_pads(model) -> bool:
+    """A MaxPool whose padding differs at the two ends of an axis (Caffe2 exports write
+    `pads: [0, 0, 1, 1]`) becomes a Pad with -inf followed by an unpadded MaxPool, in place: the
+    same values, since every window keeps at least one element of the input. IREE 3.13 lowers
+    the padded form through an f64 constant it cannot truncate to f32 when f64 stays f64
+    (`lower.BUILD_FLAGS`), so `light_bvlc_alexnet` and `light_inception_v2` failed to build.
+    MaxPools with `auto_pad`, `ceil_mode`, a second output or equal padding are left alone.
+    Whether one was rewritten."""
+    from onnx import TensorProto, helper
+
+    opset = _opset(model)
+    graph = model.graph
+    lowest, types = _lowest(), None
+    taken = {n for node in graph.node for n in (*node.input, *node.output)} | {t.name for t in graph.initializer}
+    nodes, changed = [], False
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        pads = list(attrs.get("pads") or [])
+        spatial = len(pads) // 2
+        plain = (
+            node.op_type == "MaxPool" and node.domain in ("", "ai.onnx") and len(node.output) == 1 and spatial
+            and attrs.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET") and not attrs.get("ceil_mode")
+            and pads[:spatial] != pads[spatial:] and min(pads) >= 0
+        )
+        if plain and opset >= 11 and types is None:
+            types = _element_types(model)
+        element = types.get(node.input[0]) if plain and opset >= 11 else TensorProto.FLOAT
+        if not plain or element not in lowest:
+            nodes.append(node)
+            continue
+        padded = _fresh(f"{node.input[0]}.padded", taken)
+        full = [0, 0, *pads[:spatial], 0, 0, *pads[spatial:]]
+        if opset >= 11:
+            pads_name, value_name = _fresh(f"{padded}.pads", taken), _fresh(f"{padded}.value", taken)
+            graph.initializer.append(helper.make_tensor(pads_name, TensorProto.INT64, [len(full)], full))
+            graph.initializer.append(helper.make_tensor(value_name, element, [], [lowest[element]]))
+            nodes.append(helper.make_node("Pad", [node.input[0], pads_name, value_name], [padded], mode="constant"))
+        else:
+            nodes.append(helper.make_node("Pad", [node.input[0]], [padded], mode="constant", pads=full, value=float("-inf")))
+        pool = helper.make_node("MaxPool", [padded], list(node.output), name=node.name)
+        pool.attribute.extend(a for a in node.attribute if a.name != "pads")
+        nodes.append(pool)
+        changed = True
+    if changed:
+        del graph.node[:]
+        graph.node.extend(nodes)
+        if opset < 11:  # upgrading Pad to opset 11 adds initializers that IR 3 would need listed as inputs
+            model.ir_version = max(model.ir_version, 4)
+    return changed
+
+
+def _opset(model) -> int:
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
+
+
+def _lowest() -> dict:
+    """Element type -> the value a MaxPool's padding holds."""
+    from onnx import TensorProto
+
+    inf = float("-inf")
+    return {TensorProto.FLOAT: inf, TensorProto.DOUBLE: inf, TensorProto.FLOAT16: inf, TensorProto.INT8: -128, TensorProto.UINT8: 0}
+
+
+def _element_types(model) -> dict:
+    """Value name -> ONNX element type, from the model's declarations and shape inference."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - inference is best effort; declared types still count
+        inferred = model
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        if value.type.HasField("tensor_type"):
+            types[value.name] = value.type.tensor_type.elem_type
+    return types
+
+
+def _fresh(name: str, taken: set) -> str:
+    candidate, count = name, 1
+    while candidate in taken:
+        count += 1
+        candidate = f"{name}{count}"
+    taken.add(candidate)
+    return candidate
 
 
 def graph_inputs(model) -> list[GraphInput]:
@@ -79,16 +177,6 @@ def operators(model) -> list[str]:
     for node in model.graph.node:
         seen.setdefault(f"{node.domain}.{node.op_type}" if node.domain not in ("", "ai.onnx") else node.op_type)
     return list(seen)
-
-
-def _rename(graph) -> None:
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        value.name = identifier(value.name)
-    for tensor in graph.initializer:
-        tensor.name = identifier(tensor.name)
-    for node in graph.node:
-        node.input[:] = [identifier(n) for n in node.input]
-        node.output[:] = [identifier(n) for n in node.output]
 
 
 def failing_operator(mlir: bytes, message: str) -> str | None:

@@ -16,6 +16,7 @@ from typing import Any
 
 from portkern.errors import BuildError
 from portkern.portable.onnx_layout import TRANSPOSED_KEY, transpose_matmul_weights
+from portkern.portable.onnx_model import prepare
 from portkern.portable.onnx_wire import strip_initializers
 from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, bytes_pieces, file_pieces, transposed_file_pieces
 
@@ -55,9 +56,11 @@ def load_graph(path: Path) -> Any:
 
 
 def load_kernel_graph(path: Path) -> tuple[Any, list[str]]:
-    """`load_graph`'s model with its MatMul and Gemm weights stored transposed
-    (`portable.onnx_layout`), as the bundle keeps it, and the names of those weights."""
+    """`load_graph`'s model prepared as every ONNX intake prepares it (`onnx_model.prepare`), with
+    its MatMul and Gemm weights stored transposed (`portable.onnx_layout`), as the bundle keeps it,
+    and the names of those weights."""
     model = load_graph(path)
+    prepare(model)
     return model, transpose_matmul_weights(model, ELEMENTS_THRESHOLD)
 
 

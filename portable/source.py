@@ -27,16 +27,20 @@ import tempfile
 import zlib
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from portkern.errors import BuildError, IncompatibleProducerError
 from portkern.portable.bundle import SOURCE_PHASE, Bundle, KernelRecord, Stage, sha256
-from portkern.portable.lower import ONNX_OPSET, PORTABLE_PHASE, Lowered, import_onnx
-from portkern.portable.compiler import Compiler
-from portkern.portable.manifest import KernelSpec
-from portkern.portable.onnx_model import failing_operator
-from portkern.portable.onnx_parameters import has_external_data, load_kernel_graph, opset_of, sanitized
 from portkern.portable.parameters import referenced
 from portkern.portable.producer import installed_compiler, same_release
+
+if TYPE_CHECKING:
+    from portkern.portable.lower import Lowered
+    from portkern.portable.manifest import KernelSpec
+
+# The compiler, the ONNX tools and the lowering are imported where they are used: reading which
+# stage a device finalises (`readable_stage`, `fitted_phase`, `describe`) must not load them.
+
 
 class CompatibilityWarning(UserWarning):
     """A bundle built with another IREE release: its kernels are compiled from their source stage."""
@@ -57,6 +61,7 @@ TENSOR_DATA_FIELDS = ("raw_data", "float_data", "int32_data", "string_data", "in
 
 def source_stage(spec: KernelSpec, lowered: Lowered) -> tuple[Stage, bytes]:
     """A kernel's source stage (recorded as written by the release that built the bundle) and its bytes."""
+    from portkern.portable.onnx_parameters import load_kernel_graph, opset_of
     producer = replace(lowered.producer, bytecode_version=None)
     if spec.kind == "onnx":
         model = upgraded(load_kernel_graph(spec.source)[0])
@@ -73,6 +78,7 @@ def source_stage(spec: KernelSpec, lowered: Lowered) -> tuple[Stage, bytes]:
 def mlir_text(data: bytes, name: str) -> bytes:
     """MLIR source as text: text as written, bytecode (`.mlirbc`, which only its own release
     reads) printed by this release's compiler."""
+    from portkern.portable.compiler import Compiler
     if not data.startswith(MLIR_BYTECODE_MAGIC):
         return data
     module = Compiler().parse(data, name=name)
@@ -83,6 +89,8 @@ def upgraded(model):
     """A model of an opset older than `ONNX_OPSET`, its weights in it, converted to that opset as the
     build's import did (so that the device, which imports a source model as it is, sees the same
     operators); the model as it is when it has external data or the conversion fails."""
+    from portkern.portable.lower import ONNX_OPSET
+    from portkern.portable.onnx_parameters import has_external_data, opset_of
     if opset_of(model) >= ONNX_OPSET or has_external_data(model):
         return model
     from onnx import version_converter
@@ -97,6 +105,7 @@ def onnx_source(model, path: Path, parameters: set[str]) -> bytes:
     """An ONNX model (loaded without its external data) as its source stage keeps it: the
     initializers named in `parameters` without their bytes, marked as external data at
     `PARAMETER_LOCATION`; any other initializer's external data read into the model."""
+    from portkern.portable.onnx_parameters import sanitized
     from onnx import TensorProto
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
@@ -143,6 +152,7 @@ def foreign_release(bundle: Bundle) -> str:
 def fitted_phase(stage: Stage) -> str:
     """The phase a stage's module is at once a worker has parsed and fitted it: a source stage
     is lowered to the flow phase on the way (`portkern.jit.finalize.imported`)."""
+    from portkern.portable.lower import PORTABLE_PHASE
     return PORTABLE_PHASE if stage.is_source else stage.phase
 
 
@@ -156,6 +166,7 @@ def describe(stage: Stage) -> str:
 def source_text(stage: Stage, data: bytes, name: str) -> bytes:
     """MLIR text of a source stage for this IREE release (an ONNX model imported by its importer);
     IncompatibleProducerError, naming both releases, when this release cannot import it."""
+    from portkern.portable.lower import import_onnx
     if stage.format == MLIR_TEXT:
         return inflate(stage, data, name)
     parameters = parameter_initializers(stage, data, name)
@@ -175,6 +186,7 @@ def source_text(stage: Stage, data: bytes, name: str) -> bytes:
 def parameter_initializers(stage: Stage, data: bytes, name: str) -> set[str]:
     """The (sanitized) names of a source model's initializers whose bytes are the bundle's parameters;
     a model that refers to any other external data is refused."""
+    from portkern.portable.onnx_parameters import sanitized
     try:
         import onnx
         from onnx.external_data_helper import _get_all_tensors, uses_external_data
@@ -210,6 +222,7 @@ def inflate(stage: Stage, data: bytes, name: str) -> bytes:
 def uncompilable(stage: Stage, name: str, text: bytes, message: str) -> IncompatibleProducerError:
     """`unreadable` for a compiler diagnostic on a source stage's text (naming the ONNX operator
     it points at, for a model)."""
+    from portkern.portable.onnx_model import failing_operator
     operator = failing_operator(text, message) if stage.format == ONNX_PROTOBUF else None
     return unreadable(stage, name, f"IREE cannot compile ONNX operator {operator}: {message}" if operator else message)
 
