@@ -142,6 +142,10 @@ class ForkError(DeviceError):
     """Device runtime state inherited across fork() cannot be used or rebuilt in this process."""
 
 
+class ExitingError(KernelRuntimeError):
+    """The process is exiting: the kernel runtime takes no more calls before it is torn down."""
+
+
 # --- cache and tuning -------------------------------------------------------
 
 

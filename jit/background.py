@@ -6,9 +6,11 @@ for the code of the exact target: a worker of the one pool compiles it and the c
 keeps it. When it is ready the kernel switches executables between two calls.
 `PORTKERN_BACKGROUND=0` turns this off (`kernel()` then finalises before it returns).
 
-At exit, pending specialisations are abandoned: the pool's workers are stopped (no
-compiler outlives the process) and the threads end. In a forked child, a parent's
-specialisation is not there: the child's kernel keeps its baseline and `wait` says so.
+At exit, pending specialisations are abandoned: the pool's workers are killed (no
+compiler outlives the process), their jobs end as "stopped", nothing is installed, and
+the exit waits for none of their threads (the runtime refuses their loads from then on,
+`jit/runtime.py`). In a forked child, a parent's specialisation is not there: the
+child's kernel keeps its baseline and `wait` says so.
 """
 
 from __future__ import annotations
@@ -23,8 +25,6 @@ from portkern.errors import FinalizeError, PortkernError
 from portkern.jit.workers import Pool
 
 ENV = "PORTKERN_BACKGROUND"
-#: Longest the exit waits for abandoned threads once their workers are stopped.
-EXIT_JOIN_S = 5.0
 
 T = TypeVar("T")
 
@@ -88,16 +88,13 @@ def _watch(job: Specialisation) -> None:
 
 
 def _abandon() -> None:
-    """At exit: stop the workers of pending specialisations and let their threads end."""
+    """At exit: nothing pending is installed any more, and its workers are killed; its threads
+    are not waited for (each may be waiting on a lock or a worker)."""
+    _exiting.set()
     with _lock:
         pending = [job for job in _pending if job._pid == os.getpid()]
-    if not pending:
-        return
-    _exiting.set()
     for pool in {id(job._pool): job._pool for job in pending}.values():
         pool.stop_now()
-    for job in pending:
-        job._thread.join(EXIT_JOIN_S)
 
 
 def _after_fork_in_child() -> None:

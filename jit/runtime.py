@@ -24,10 +24,17 @@ a free-threaded interpreter (no GIL) calls always run side by side.
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
 the native code it holds, at its first call in the child.
+
+Exit: once the interpreter starts to shut down (its exit handlers run), the runtime takes
+no new call, load or upload (`ExitingError`), and the exit waits for those in flight to
+return, so that no thread (a daemon thread still calling kernels) is inside the runtime when
+it is torn down: a thread that comes back from the runtime into a finalising interpreter
+aborts the process.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import signal
@@ -37,7 +44,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from portkern.errors import DeviceError, ForkError, KernelRuntimeError
+from portkern.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError
 from portkern.jit.gate import TURNS, Choice, Gate, Turns, choose
 from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
 from portkern.portable.interpreter import gil_enabled
@@ -59,6 +66,9 @@ EXECUTOR_GAIN = 1.25
 OVERLAP_WINDOW_S = 0.1
 #: Drivers started afresh in a forked child; others (GPU drivers) do not survive fork.
 FORK_SAFE = ("local-task", "local-sync")
+#: Longest the exit waits for runtime calls in flight to return (a call always returns; this
+#: bounds only a kernel that runs far longer than any call should).
+EXIT_WAIT_S = 60.0
 
 
 class _Process:
@@ -68,6 +78,8 @@ class _Process:
         self.lock = threading.RLock()
         self.configs: dict[str, object] = {}
         self.traffic = _Traffic()
+        #: Runtime calls in flight, and whether the runtime still takes calls (not at exit).
+        self.calls = _Calls()
         #: Small calls from several threads take turns here (see `Executable.__call__`).
         self.gate = Gate()
         #: Drivers a parent process started before it forked this one.
@@ -100,6 +112,38 @@ class _Traffic:
             self.in_flight -= 1
 
 
+class _Calls:
+    """Runtime work in flight in this process (calls, loads, uploads; each inside `with calls:`);
+    none starts after `close`."""
+
+    # No lock on a call's path: `enter` counts itself in, then looks whether the runtime is
+    # closed; `close` marks it closed, then looks whether any is in. Whichever comes second sees
+    # the other (list appends and pops are atomic), so no work starts unseen after `close`.
+
+    def __init__(self) -> None:
+        #: One item per piece of work in flight.
+        self._inside: list[None] = []
+        self._closed = False
+        self._idle = threading.Event()
+
+    def __enter__(self) -> None:
+        """Count one in; ExitingError once the process is exiting."""
+        self._inside.append(None)
+        if self._closed:
+            self.__exit__()
+            raise ExitingError("the process is exiting: the IREE runtime takes no more calls")
+
+    def __exit__(self, *exc) -> None:
+        self._inside.pop()
+        if self._closed and not self._inside:
+            self._idle.set()
+
+    def close(self, timeout: float) -> bool:
+        """Take no more work; wait (at most `timeout` s) until none is in flight. True when none is."""
+        self._closed = True
+        return not self._inside or self._idle.wait(timeout)
+
+
 _process = _Process()
 #: Runtime objects inherited across fork: kept referenced, so that no destructor
 #: waits in the child for the parent's worker threads.
@@ -115,14 +159,27 @@ def _after_fork_in_child() -> None:
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _close_at_exit() -> None:
+    """At exit, before the runtime is torn down: no new runtime work, and none left in flight."""
+    _process.calls.close(EXIT_WAIT_S)
+
+
+_exit_hook = False
+
+
 def runtime_config(driver: str):
     """One IREE runtime config (instance + device) per driver per process, on a driver of
     its own (IREE's shared driver cache would hand a forked child its parent's executor)."""
+    global _exit_hook
     process = _process
     with process.lock:
         if driver not in process.configs:
             import iree.runtime as rt
             from iree.runtime import _binding
+
+            if not _exit_hook:  # registered after the runtime's import: it runs before anything the runtime registered
+                atexit.register(_close_at_exit)
+                _exit_hook = True
 
             if driver in process.inherited and driver not in FORK_SAFE:
                 raise ForkError(
@@ -193,7 +250,8 @@ class Executable:
         self._choice: Choice | Turns | None = None
         self._executor_s = float("inf")
         self._executor_probes = 0
-        self._load(driver)
+        with _process.calls:
+            self._load(driver)
 
     def _load(self, driver: str) -> _Loaded:
         """The vmfb loaded on `driver` in this process (loaded again after fork)."""
@@ -212,15 +270,17 @@ class Executable:
         """The arrays copied to this executable's device once, for repeated calls (benchmarks)."""
         import iree.runtime as rt
 
-        device = self._load(self.driver).context.config.device
-        return [rt.asdevicearray(device, a) for a in arrays]
+        with _process.calls:
+            device = self._load(self.driver).context.config.device
+            return [rt.asdevicearray(device, a) for a in arrays]
 
     def invoke(self, *arrays):
         """Run on device arrays (from `upload`) or NumPy arrays; results stay on the device.
 
         A Ctrl-C during the call is raised as KeyboardInterrupt once the call returns.
         """
-        return self._invoke(self._load(self.driver), arrays)
+        with _process.calls:
+            return self._invoke(self._load(self.driver), arrays)
 
     def _invoke(self, loaded: _Loaded, arrays):
         with interrupts_deferred():
@@ -270,6 +330,10 @@ class Executable:
             traffic.leave()
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        with _process.calls:
+            return self._call(arrays)
+
+    def _call(self, arrays) -> list[np.ndarray]:
         choice = self._choice
         if choice is None:
             return self._run(arrays)

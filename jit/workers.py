@@ -14,6 +14,10 @@ A worker that dies (segfault, abort, out of memory) or overruns is killed,
 its job is reported as "crash", "oom" or "timeout", and a fresh worker takes
 its place. (A `ProcessPoolExecutor` breaks for good on the first segfault.)
 Workers start only when there is a job for them.
+
+At exit every pool's workers are killed and reaped, and no worker starts again: jobs in
+hand and jobs not yet handed out end as "stopped", and the exit waits for no job and
+for no thread that may be running one.
 """
 
 from __future__ import annotations
@@ -227,6 +231,16 @@ class _Worker:
         except OSError:
             return ""
 
+    def kill(self) -> None:
+        """Kill the process and reap it, without waiting for anything else (its pipes stay open:
+        a thread may be reading them)."""
+        try:
+            self.process.kill()
+            self.process.wait(timeout=5)  # a killed process ends at once; this only reaps it
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        scratch.remove_of(self.process.pid)
+
     def stop(self, kill: bool = False) -> None:
         try:
             if kill:
@@ -254,12 +268,16 @@ class Pool:
         self.size = max(1, workers or default_workers())
         self._workers: list[_Worker] = []
         self._start_failures = 0
+        #: Held by `run` for as long as it runs jobs (a thread inside may wait on its workers).
         self._lock = threading.RLock()
+        #: Held only for a step that never waits: a worker joining `_workers`, `_stopping` changing.
+        self._members = threading.Lock()
         self._pid = os.getpid()
-        self._stopping = False
         #: Workers started so far (replacements included).
         self.spawned = 0
+        self._stopping = False
         _pools.add(self)
+        self._stopping = _exiting  # made while the process exits: it starts no worker
 
     def __enter__(self) -> "Pool":
         return self
@@ -273,33 +291,42 @@ class Pool:
         return [w.pid for w in self._workers]
 
     def close(self) -> None:
-        """Stop every worker (a later `run` starts fresh ones)."""
+        """Stop every worker (a later `run` starts fresh ones, except once the process is exiting)."""
         with self._lock:
-            self._stopping = False
-            for worker in self._workers:
+            with self._members:
+                self._stopping = _exiting
+                workers, self._workers = self._workers, []
+            for worker in workers:
                 worker.stop()
-            self._workers = []
 
     def stop_now(self) -> None:
-        """Kill the workers without waiting for the jobs in hand (which end as "stopped") and
-        start none until `close`; for the process's exit while a job is in hand elsewhere."""
-        self._stopping = True
-        for worker in list(self._workers):
-            try:
-                worker.process.kill()
-            except OSError:
-                pass
+        """Kill and reap the workers without waiting for the jobs in hand or for a thread running
+        them (those jobs, and those not yet handed out, end as "stopped"), and start none until
+        `close`; for the process's exit while a job is in hand elsewhere."""
+        with self._members:
+            self._stopping = True
+            workers = list(self._workers)
+        for worker in workers:
+            worker.kill()
 
     def _forked(self) -> None:
         """In a forked child: the workers and a lock a parent's thread may hold are the parent's."""
         self._lock = threading.RLock()
+        self._members = threading.Lock()
         self._workers, self._pid, self._stopping = [], os.getpid(), False
 
-    def _spawn(self) -> None:
+    def _spawn(self) -> bool:
+        """Start a worker; False (and none started) while the pool is stopping."""
         if self._stopping:
-            return
-        self._workers.append(_Worker())
-        self.spawned += 1
+            return False
+        worker = _Worker()
+        with self._members:
+            if not self._stopping:
+                self._workers.append(worker)
+                self.spawned += 1
+                return True
+        worker.stop(kill=True)  # `stop_now` came while it started: it never joins
+        return False
 
     def _replace(self, worker: _Worker, kill: bool, spawn: bool = True) -> None:
         worker.stop(kill=kill)
@@ -319,6 +346,8 @@ class Pool:
         todo = deque(jobs)
         if not todo:
             return {}
+        if self._stopping:  # at exit: not even a wait for the lock of a run still ending
+            return self._stopped(todo, {})
         timeout, memory = timeout_s(), memory_bytes()
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the workers are the parent's
@@ -327,8 +356,9 @@ class Pool:
 
     def _run(self, todo: deque, on_start, on_result, size: int, timeout: float, memory: int) -> dict[int, Result]:
         results: dict[int, Result] = {}
-        while len(self._workers) < min(size, len(todo)):
-            self._spawn()
+        for _ in range(min(size, len(todo)) - len(self._workers)):
+            if not self._spawn():
+                break
 
         def finish(worker: _Worker, result: Result) -> None:
             job = worker.job
@@ -341,9 +371,7 @@ class Pool:
 
         while todo or any(w.job for w in self._workers):
             if self._stopping and not any(w.job for w in self._workers):
-                for job in todo:
-                    results[job.id] = Result(id=job.id, status="stopped", error="the process is exiting; the job was not run")
-                break
+                return self._stopped(todo, results)
             for worker in list(self._workers):
                 if worker.ready and worker.job is None and worker.done >= RECYCLE_AFTER:
                     self._replace(worker, kill=False)
@@ -353,7 +381,10 @@ class Pool:
                     if on_start is not None:
                         on_start(job, worker.pid)
                     if not worker.send(job, job.timeout or timeout, memory):
-                        finish(worker, self._died(worker, job))
+                        if self._stopping:  # killed by `stop_now`
+                            finish(worker, Result(id=job.id, status="stopped", error="the process is exiting; the job was stopped"))
+                        else:
+                            finish(worker, self._died(worker, job))
                         self._replace(worker, kill=True)
             waiting = [w for w in self._workers if w.job or not w.ready]
             left = max(0.0, min(w.deadline for w in waiting) - time.perf_counter()) if waiting else 1.0
@@ -370,6 +401,13 @@ class Pool:
                         self._start_failed(worker, f"a worker did not start within {START_TIMEOUT_S:g} s")
         return results
 
+    @staticmethod
+    def _stopped(todo: Iterable[Job], results: dict[int, Result]) -> dict[int, Result]:
+        """`results`, with every job of `todo` ended as "stopped"."""
+        for job in todo:
+            results[job.id] = Result(id=job.id, status="stopped", error="the process is exiting; the job was not run")
+        return results
+
     def _start_failed(self, worker: _Worker, why: str) -> None:
         self._start_failures += 1
         self._replace(worker, kill=True, spawn=self._start_failures < MAX_START_FAILURES)
@@ -381,7 +419,11 @@ class Pool:
 
     def _receive(self, worker: _Worker, finish) -> None:
         message = read_frame(worker.process.stdout)
-        if message is None:  # the worker died, or broke the protocol
+        if message is None and self._stopping:  # killed by `stop_now`
+            if worker.job is not None:
+                finish(worker, Result(id=worker.job.id, status="stopped", error="the process is exiting; the job was stopped"))
+            self._replace(worker, kill=True, spawn=False)
+        elif message is None:  # the worker died, or broke the protocol
             if worker.job is not None:
                 finish(worker, self._died(worker, worker.job))
                 self._replace(worker, kill=True)
@@ -440,16 +482,31 @@ def default_workers() -> int:
 _shared: Pool | None = None
 _shared_lock = threading.Lock()
 _pools: "weakref.WeakSet[Pool]" = weakref.WeakSet()
+#: The process is exiting: no pool starts a worker again.
+_exiting = False
 
 
 def _after_fork_in_child() -> None:
-    global _shared_lock
+    global _shared_lock, _exiting
     _shared_lock = threading.Lock()
+    _exiting = False
     for pool in list(_pools):
         pool._forked()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _stop_at_exit() -> None:
+    """At exit: every pool's workers killed and reaped, and none started again."""
+    global _exiting
+    _exiting = True
+    for pool in list(_pools):
+        if pool._pid == os.getpid():
+            pool.stop_now()
+
+
+atexit.register(_stop_at_exit)
 
 
 def shared_pool() -> Pool:
@@ -458,5 +515,4 @@ def shared_pool() -> Pool:
     with _shared_lock:
         if _shared is None:
             _shared = Pool()
-            atexit.register(_shared.close)
         return _shared
