@@ -67,9 +67,10 @@ def with_options(target: Target, options: tuple[str, ...]) -> Target:
     return replace(target, flags=target.flags + tuple(flag for option in options for flag in MODULE_OPTIONS[option]))
 
 
-def check_stage(stage: Stage, name: str) -> None:
-    """Refuse a stage this compiler cannot read (format, producer release, bytecode version);
-    a source stage is for other releases: whether it parses is known only when a worker parses it."""
+def check_stage(stage: Stage, name: str, bytecode: bool = True) -> None:
+    """Refuse a stage this compiler cannot read (format, producer release, and unless `bytecode`
+    is False its bytecode version: knowing that imports the compiler, which `fitted` checks where
+    it parses); a source stage is for other releases: whether it parses is known only when a worker parses it."""
     if stage.is_source:
         if stage.format not in source.FORMATS:
             raise FinalizeError(f"kernel {name!r}: source stage format {stage.format!r} is not one this portkern reads")
@@ -77,7 +78,8 @@ def check_stage(stage: Stage, name: str) -> None:
     if stage.format != "mlir-bytecode":
         raise FinalizeError(f"kernel {name!r}: stage format {stage.format!r} is not MLIR")
     check_release(stage.producer, name)
-    check_bytecode(stage.producer, name)
+    if bytecode:
+        check_bytecode(stage.producer, name)
 
 
 def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
@@ -86,6 +88,8 @@ def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
     if stage is not None and stage.is_source:
         module = imported(data, stage, target, name)
     else:
+        if stage is not None:
+            check_bytecode(stage.producer, name)  # not known in the caller (`check_stage(bytecode=False)`)
         try:
             module = compiler_for(target).parse(data, name=name)
         except FinalizeError:

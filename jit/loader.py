@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
@@ -20,14 +21,21 @@ from portkern.jit.target import Target
 from portkern.jit.tensors import result_wrapper
 from portkern.jit.toolchain import toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_head
+from portkern.portable.contract import arrange
 from portkern.portable.dtypes import as_declared
 from portkern.portable.producer import installed_compiler
 from portkern.portable.source import CompatibilityWarning, describe, foreign_release
 from portkern.portable.verify import check_kernels
-from portkern.tuner.session import tune_kernel, tune_kernel_shapes
 
 if TYPE_CHECKING:
     from portkern.tuner.results import TuneResult
+
+def _tuner():
+    """The tuner's session module, loaded when a kernel is tuned (a warm call path never needs it)."""
+    from portkern.tuner import session
+
+    return session
+
 
 #: `tune=` values that never search.
 NO_SEARCH = (None, "none", "default")
@@ -125,7 +133,7 @@ class LoadedBundle(NativeCode):
                 kernel._specialise(self.pool, lambda: self._final(record, target, tune))
                 return kernel
         plan, native, tuning = self._resolve(record, target, tune, baselines=later)
-        buckets = tune_kernel_shapes(self, record, target, tune, shapes) if shapes is not None else None
+        buckets = _tuner().tune_kernel_shapes(self, record, target, tune, shapes) if shapes is not None else None
         try:
             executable = self._executable(record, target, native)
         except KernelRuntimeError as exc:
@@ -224,7 +232,7 @@ class LoadedBundle(NativeCode):
                 if chosen and isinstance(chosen.get("config"), str) and not chosen.get(UNUSABLE):
                     return chosen["config"], None
             return DEFAULT_CONFIG, None
-        result = tune_kernel(self, record, target, strategy=tune)
+        result = _tuner().tune_kernel(self, record, target, strategy=tune)
         return result.config, result
 
     def _set_aside(self, record: KernelRecord, target: Target, config: str, error: Exception) -> None:
@@ -269,13 +277,18 @@ class Kernel:
 
     def _specialise(self, pool, build) -> None:
         """Run `build()` -> (native, executable, tuning) on `pool`'s side in the background and
-        switch to its code when it is ready."""
+        switch to its code when it is ready (unless the kernel is gone by then)."""
+        # The thread holds the kernel weakly: one abandoned at exit keeps no runtime object alive.
+        kernel = weakref.ref(self)
 
         def install(built) -> None:
+            owner = kernel()
+            if owner is None:
+                return
             native, executable, tuning = built
-            self.tuning = tuning
+            owner.tuning = tuning
             # One assignment swaps both: a call reads `_code` once and runs what it read.
-            self._code = (native, executable)
+            owner._code = (native, executable)
 
         self.specialisation = background.Specialisation(self.name, pool, build, install)
 
@@ -319,9 +332,12 @@ class Kernel:
     def origin(self) -> str:
         return self.native.origin
 
-    def __call__(self, *args: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
-        """Run on NumPy arrays or framework tensors (`__dlpack__`); results are NumPy arrays, or
-        torch tensors sharing their memory when every argument is a torch tensor."""
+    def __call__(self, *args: np.ndarray, **named: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+        """Run on NumPy arrays or framework tensors (`__dlpack__`), in order or by the model's argument
+        names (`k(x=a, w=b)`, `k(**{"gpu_0/data_0": a})`, or their identifiers); results are NumPy
+        arrays, or torch tensors sharing their memory when every argument is a torch tensor."""
+        if named:
+            args = tuple(arrange(self.name, self.signature.contract, len(self.signature.inputs), args, named))
         arrays = exact_arguments(self._static, args) if self._static is not None else None
         if arrays is None:
             arrays = check_arguments(self.name, self.signature, args)

@@ -342,12 +342,17 @@ class NativeCode:
             named = self.plan(plan.record, replace(target, fingerprint=fingerprint, flags=cpu.flags(fingerprint)), plan.config)
             hit = self.store.get(named.hex)
             if hit is not None:
-                return Native(hit[0], named.hex, plan.config, "baseline" if baseline else "cache", hit[1].finalize_s, named.target.label)
-            if fingerprint in slices:
+                native = Native(hit[0], named.hex, plan.config, "baseline" if baseline else "cache", hit[1].finalize_s, named.target.label)
+            elif fingerprint in slices:
                 origin = "baseline" if baseline else "prebuilt"
                 native = Native(self.bundle.blob(slices[fingerprint].blob), named.hex, plan.config, origin, 0.0, named.target.label)
                 self.store.put(named.hex, native.data, self.entry(named, native))
-                return native
+            else:
+                continue
+            if not baseline:  # as good as this CPU's own code: kept as that, a direct hit from now on
+                own = replace(native, key=plan.hex, origin="cache", built_for=plan.target.label)
+                self.store.put(plan.hex, own.data, self.entry(plan, own))
+            return native
         return None
 
     def _job(self, index: int, plan: Plan) -> Job:

@@ -7,11 +7,14 @@ the compiling is done by the workers (`portkern.jit.worker`).
 from __future__ import annotations
 
 from portkern.errors import FinalizeError
-from portkern.jit.finalize import check_stage, module_options, with_options
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.producer import installed_compiler, installed_runtime
 from portkern.portable.source import readable_stage
+
+
+#: The config of the compiler's own choices (no module options): `jit.native.DEFAULT_CONFIG`.
+DEFAULT = "default"
 
 
 class IreeToolchain:
@@ -33,12 +36,16 @@ class IreeToolchain:
 
     def target(self, target: Target, config: str) -> Target:
         """The target that kernel config `config` compiles for: with the flags of its module options."""
+        if config == DEFAULT:
+            return target
+        from portkern.jit.finalize import module_options, with_options  # the compiler's side, loaded when used
+
         return with_options(target, module_options(config))
 
     def stage(self, bundle: Bundle, record: KernelRecord, target: Target, config: str) -> tuple[Stage, tuple[str, ...]]:
         """The stage finalised for `target` (with kernel config `config`; the source stage for a bundle of
         another IREE release, or for a config with module options), and what besides it selects the native code."""
-        if not module_options(config):
+        if config == DEFAULT or not self._options(config):
             return readable_stage(record, target.family), target.identity
         stage = record.source_stage()
         if stage is None:
@@ -46,9 +53,18 @@ class IreeToolchain:
                                 "and its bundle has none (built with --no-source)")
         return stage, target.identity
 
+    @staticmethod
+    def _options(config: str) -> tuple[str, ...]:
+        from portkern.jit.finalize import module_options
+
+        return module_options(config)
+
     def check(self, stage: Stage, name: str) -> None:
-        """Refuse, before any worker reads it, a stage this compiler cannot read."""
-        check_stage(stage, name)
+        """Refuse, before any worker reads it, a stage this compiler cannot read (its bytecode
+        version is checked by the worker that parses it: the caller does not import the compiler)."""
+        from portkern.jit.finalize import check_stage
+
+        check_stage(stage, name, bytecode=False)
 
     def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None):
         """A loaded, callable kernel for native code built with `config`, reading `parameters`

@@ -125,11 +125,22 @@ def _target(message: dict):
     )
 
 
+def _readable(source: dict, name: str) -> None:
+    """Refuse a stage this compiler cannot read, for every job: a module kept from an earlier job
+    may have come from the same bytes under another stage record."""
+    from portkern.jit import finalize
+    from portkern.portable.bundle import Stage
+
+    if source.get("stage"):
+        finalize.check_stage(Stage.from_dict(source["stage"]), name)
+
+
 def _compile(state: _State, job: dict) -> dict:
     from portkern.jit import finalize
     from portkern.tuner import analysis, kernel_config
 
     target, source, name = _target(job["target"]), job["source"], job["name"]
+    _readable(source, name)
     config = kernel_config.parse(job["config"])
     start = time.perf_counter()
     if config.is_default:
@@ -150,6 +161,7 @@ def _analyse(state: _State, job: dict) -> dict:
     from portkern.tuner import analysis
 
     target, name = _target(job["target"]), job["name"]
+    _readable(job["source"], name)
     start = time.perf_counter()
     configured = state.at_configurations(target, job["source"], name)
     found = analysis.dispatches(configured)

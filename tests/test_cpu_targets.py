@@ -26,14 +26,17 @@ def test_bundle_stage_has_no_target(examples_bundle):
         assert "hal.executable.target" not in text and "hal.device.target" not in text
 
 
-def test_host_cpu_is_detected_by_llvm_not_assumed(store):
+def test_host_cpu_is_identified_without_llvm_and_llvm_agrees(store):
+    """The caller reads the CPU from the OS; LLVM's view of it (asked in a child process) is
+    code this host runs and that uses every feature the OS reported."""
     detected = cpu.host(store)
-    probed = cpu._llvm_resolve("host")
-    assert (detected.arch, detected.features, detected.properties) == (probed.arch, cpu.unique_features(probed.features), probed.properties)
-    assert detected.arch not in ("", "host", "generic")
-    assert "+sse2" in detected.features.split(",")
-    assert cpu.host(store) == detected  # memoised in the store
-    assert list(store.records("p"))
+    assert detected.arch == cpu.HOST and "+sse2" in detected.features.split(",")
+    assert not list(store.records("p"))  # no LLVM probe was needed
+    llvm = cpu.llvm_host(store)
+    assert llvm.arch not in ("", "host", "generic")
+    assert cpu.can_run(llvm, detected) and not cpu.is_baseline(llvm, detected)
+    assert cpu.llvm_host(store) == llvm and list(store.records("p"))  # memoised in the store
+    assert "--iree-llvmcpu-target-cpu=host" in cpu.flags(detected)
 
 
 def test_same_bundle_finalises_for_two_cpu_models(examples_bundle, store, rng):

@@ -106,3 +106,18 @@ def test_inspect_and_cache_ls_say_which_hosts_an_artefact_serves(fat, tmp_path, 
     capsys.readouterr()
     status, listed = run(capsys, "cache", "ls", "--cache-dir", cache)
     assert [e["serves"] for e in listed] == [serves[f"cpu:{SUBSET}"]]
+
+
+def test_a_prebuild_for_this_cpus_own_model_is_served_as_its_code(tmp_path, store, rng):
+    """`--prebuild cpu:NAME` with LLVM's name for this CPU is this host's code, though a VM may
+    hide system features (`cpu.SYSTEM_FEATURES`) that LLVM lists for NAME."""
+    name = cpu.llvm_host(store).arch
+    (tmp_path / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
+    out = tmp_path / "own.pkb"
+    assert main(["build", str(tmp_path / "manifest.yaml"), "-o", str(out), "--prebuild", f"cpu:{name}", "--json"]) == 0
+    kernel = portkern.load(out, store=store).kernel("gemm_bias_relu")
+    assert kernel.origin == "prebuilt" and kernel.native.built_for == f"cpu:{name}"
+    assert kernel.specialisation is None  # nothing better to build in the background
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)

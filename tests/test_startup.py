@@ -1,0 +1,75 @@
+"""What a calling process imports: neither IREE's compiler nor a JSON-schema library, warm or
+on a fresh device with baseline code (the compiler runs in workers only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from portkern.cli.main import main
+from portkern.examples import MANIFEST
+
+ONE_KERNEL = "bundle: startup\nkernels:\n  - name: gemm_bias_relu\n    source: {source}\n"
+
+CHILD = textwrap.dedent(
+    """
+    import json, sys
+    import numpy as np
+    import portkern
+    from portkern.examples.reference import EXAMPLES
+    from portkern.cache.store import default_store
+    kernel = portkern.load(sys.argv[1]).kernel("gemm_bias_relu")
+    origin = kernel.origin  # before the exact code built in the background may replace baseline code
+    again = portkern.load(sys.argv[1]).kernel("gemm_bias_relu")
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(np.random.default_rng(0))
+    error = float(np.max(np.abs(kernel(*inputs) - example.reference(*inputs))))
+    probes = len(list(default_store().records("p")))
+    kernel.wait()
+    heavy = sorted(name for name in sys.modules if name.split(".")[0] in ("jsonschema", "fastjsonschema") or name.startswith("iree.compiler"))
+    print(json.dumps({"origin": origin, "again": again.origin, "error": error, "heavy": heavy, "probes": probes}))
+    """
+)
+
+
+def run_child(bundle, cache) -> dict:
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(bundle)], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def build(where, *prebuild: str):
+    (where / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
+    out = where / "startup.pkb"
+    extra = ["--prebuild", ",".join(prebuild)] if prebuild else []
+    assert main(["build", str(where / "manifest.yaml"), "-o", str(out), *extra, "--json"]) == 0
+    return out
+
+
+def test_a_warm_process_imports_neither_the_compiler_nor_a_schema_library(tmp_path, capsys):
+    bundle = build(tmp_path)
+    capsys.readouterr()
+    cold = run_child(bundle, tmp_path / "cache")
+    assert cold["origin"] == "finalized" and cold["error"] < 1e-3
+    warm = run_child(bundle, tmp_path / "cache")
+    assert warm["origin"] == "cache" and warm["again"] == "cache" and warm["error"] < 1e-3
+    assert warm["heavy"] == []
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 ISA levels")
+def test_a_fresh_device_serves_baseline_code_without_llvm_in_the_caller(tmp_path, capsys):
+    """A new cache, a bundle with ISA-level code: served at once, with no CPU probe (no LLVM
+    child process) and nothing of the compiler imported, not even while the exact code is built
+    (in a worker)."""
+    bundle = build(tmp_path, "cpu:x86-64-v2")
+    capsys.readouterr()
+    fresh = run_child(bundle, tmp_path / "cache")
+    assert fresh["origin"] == "baseline" and fresh["error"] < 1e-3
+    assert fresh["heavy"] == [] and fresh["probes"] == 0
