@@ -157,6 +157,10 @@ class CacheError(PortkernError):
     """The cache cannot be used as asked (bad key, unreadable export file, ...)."""
 
 
+class SettingError(PortkernError, ValueError):
+    """A size or a duration that cannot be read (`portkern.settings`)."""
+
+
 class PerfConfigError(PortkernError, ValueError):
     """A perf-config string or value is malformed."""
 

@@ -14,6 +14,7 @@ import pytest
 import portkern
 from portkern.cache import scratch
 from portkern.cache.config import DEFAULT_MAX_SIZE, CacheConfig, CacheWarning, from_env
+from portkern.settings import SettingWarning
 from portkern.cache.store import Store
 from portkern.cli.main import main
 from portkern.examples.reference import EXAMPLES
@@ -26,7 +27,7 @@ def caught_warnings(action):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         result = action()
-    return result, [str(w.message) for w in caught if issubclass(w.category, CacheWarning)]
+    return result, [str(w.message) for w in caught if issubclass(w.category, (CacheWarning, SettingWarning))]
 
 
 def damage_record(directory: Path, name: str, how: str) -> None:

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 import portkern
-from portkern.cache.config import CacheConfig, from_env, parse_age, parse_size
+from portkern.cache.config import CacheConfig, from_env
+from portkern.settings import parse_duration as parse_age, parse_size
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Store
-from portkern.errors import CacheError
+from portkern.errors import SettingError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit.toolchain import IreeToolchain
 
@@ -144,7 +145,7 @@ def test_prune_by_age_and_size(tmp_path, monkeypatch):
 def test_sizes_and_ages_parse():
     assert parse_size("2GB") == 2 * 10**9 and parse_size("512MiB") == 512 << 20 and parse_size("1000") == 1000
     assert parse_age("30d") == 30 * 86400 and parse_age("90m") == 5400
-    with pytest.raises(CacheError, match="cannot read size"):
+    with pytest.raises(SettingError, match="cannot read size"):
         parse_size("lots")
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import portkern
+from portkern import settings
 from portkern.errors import FinalizeError, PerfConfigError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices, worker, workers
@@ -20,6 +21,7 @@ from portkern.jit.workers import Job, Pool, Source
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import read_bundle
 from portkern.portable.compiler import Compiler
+from portkern.settings import SettingWarning
 
 from fuzzing import slow_module
 from helpers import assert_matches
@@ -95,7 +97,7 @@ def test_warm_path_starts_no_worker(examples_bundle, store, rng, monkeypatch):
 
 def test_out_of_memory_is_a_finalize_error_and_the_next_kernel_works(examples_bundle, store, pool, rng, monkeypatch):
     bundle = loaded_with(pool, examples_bundle, store)
-    monkeypatch.setenv(workers.MEMORY_ENV, "64M")
+    monkeypatch.setenv(workers.MEMORY_ENV, "64MiB")
     with pytest.raises(FinalizeError, match=r"'gemm_glu'.*out of memory \(PORTKERN_COMPILE_MEMORY=67108864 bytes\)"):
         bundle.kernel("gemm_glu")
     monkeypatch.delenv(workers.MEMORY_ENV)
@@ -116,14 +118,17 @@ def test_compile_past_the_timeout_is_a_finalize_error_and_the_next_kernel_works(
 
 
 @pytest.mark.parametrize("name, value", [(workers.TIMEOUT_ENV, "soon"), (workers.TIMEOUT_ENV, "-1"), (workers.MEMORY_ENV, "lots")])
-def test_bad_bounds_are_refused(examples_bundle, store, pool, monkeypatch, name, value):
+def test_bad_bounds_warn_and_the_default_is_used(examples_bundle, store, pool, monkeypatch, rng, name, value):
     monkeypatch.setenv(name, value)
-    with pytest.raises(FinalizeError, match=name):
-        loaded_with(pool, examples_bundle, store).kernel("gemm_rowsum")
+    with pytest.warns(SettingWarning, match=f"{name}=.* using the default"):
+        kernel = loaded_with(pool, examples_bundle, store).kernel("gemm_rowsum")
+    assert kernel.origin == "finalized"
+    check_kernel(kernel, "gemm_rowsum", rng)
+    assert (workers.timeout_s(), workers.memory_bytes()) == (settings.DEFAULT_COMPILE_TIMEOUT_S, settings.DEFAULT_COMPILE_MEMORY)
 
 
 def test_memory_sizes_take_suffixes(monkeypatch):
-    for text, value in (("2G", 2 << 30), ("512M", 512 << 20), ("4GiB", 4 << 30), ("1000", 1000), ("0", 0)):
+    for text, value in (("2G", 2 * 10**9), ("512M", 512 * 10**6), ("4GiB", 4 << 30), ("512MiB", 512 << 20), ("1000", 1000), ("0", 0)):
         monkeypatch.setenv(workers.MEMORY_ENV, text)
         assert workers.memory_bytes() == value
 
@@ -227,7 +232,7 @@ def test_prepare_finalises_every_cold_kernel_at_once_then_serves_them(examples_b
 
 
 def test_prepare_keeps_going_past_a_failing_kernel(examples_bundle, store, pool, monkeypatch):
-    monkeypatch.setenv(workers.MEMORY_ENV, "64M")
+    monkeypatch.setenv(workers.MEMORY_ENV, "64MiB")
     prepared = loaded_with(pool, examples_bundle, store).prepare("cpu", kernels=["gemm_glu", "mlp"])
     assert all(isinstance(outcome, FinalizeError) and "out of memory" in str(outcome) for outcome in prepared.values())
 

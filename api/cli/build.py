@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from portkern.cli.common import JSON_FORMAT, Report, add_json, add_sign, human_size, table
+from portkern.cli.common import JSON_FORMAT, Report, add_json, add_sign, human_size, shown, table
 
 
 def register(sub) -> None:
@@ -163,9 +163,9 @@ def describe(path: Path) -> Report:
     }
 
     def render(out):
-        out.print(f"[bold]{bundle.name}[/bold]  {path}  ({human_size(size or 0)}, format {data['format_version']})")
-        out.print(f"digest sha256:{bundle.digest}")
-        out.print(f"signature: {verdict.describe()}")
+        out.print(f"[bold]{shown(bundle.name)}[/bold]  {shown(path)}  ({human_size(size or 0)}, format {shown(data['format_version'])})")
+        out.print(f"digest sha256:{shown(bundle.digest)}")
+        out.print(f"signature: {shown(verdict.describe())}")
         rows = []
         for k in bundle.kernels:
             stages = ", ".join(
@@ -179,19 +179,19 @@ def describe(path: Path) -> Report:
         producers = sorted({f"{s.producer.compiler} {s.producer.version}" + (
             f" (bytecode v{s.producer.bytecode_version})" if s.producer.bytecode_version is not None else "")
             for k in bundle.kernels for s in k.stages})
-        out.print("producer: " + "; ".join(producers))
+        out.print("producer: " + shown("; ".join(producers)))
         for k in bundle.kernels:
             points = k.launch.get("variants", []) if k.launch else []
             if points and points[0].get("params"):
                 default = ",".join(f"{n}={v}" for n, v in points[0]["params"])
                 at = ", ".join(f"{n}={v}" for n, v in k.launch.get("tune_at", {}).items()) or "static shapes"
-                out.print(f"launch {k.name}: global ({', '.join(k.launch['global'])}); {len(points)} points, default {default}, tuned at {at}")
+                out.print(shown(f"launch {k.name}: global ({', '.join(k.launch['global'])}); {len(points)} points, default {default}, tuned at {at}"))
             elif k.launch:
                 sizes = "; ".join(
                     ("" if v["subgroup_size"] is None else f"sub-group {v['subgroup_size']}: ")
                     + ("x".join(map(str, v["local"])) if v["local"] else "driver's choice")
                     for v in k.launch["variants"]
                 )
-                out.print(f"launch {k.name}: global ({', '.join(k.launch['global'])}), local {sizes}")
+                out.print(shown(f"launch {k.name}: global ({', '.join(k.launch['global'])}), local {sizes}"))
 
     return Report(data, render)

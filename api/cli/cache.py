@@ -183,14 +183,14 @@ def run_verify(args: argparse.Namespace) -> Report:
 
 
 def run_prune(args: argparse.Namespace) -> Report:
-    from portkern.cache.config import parse_age, parse_size
+    from portkern.settings import parse_duration, parse_size
 
     if args.max_size is None and args.older_than is None:
         raise CacheError("prune needs --max-size and/or --older-than")
     store = store_from(args)
     evicted = store.prune(
         max_size=parse_size(args.max_size) if args.max_size else None,
-        older_than=parse_age(args.older_than) if args.older_than else None,
+        older_than=parse_duration(args.older_than) if args.older_than else None,
     )
     data = {"evicted": [{"key": e.key, "kernel": e.kernel, "device": e.device_label, "size": e.size} for e in evicted]}
     return Report(data, lambda out: out.print(f"evicted {len(evicted)} entries, {human_size(sum(e.size for e in evicted))}"))

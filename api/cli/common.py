@@ -56,14 +56,33 @@ def emit(report: Report, as_json: bool) -> int:
     return report.status
 
 
+def printable(value: object) -> str:
+    """`value` as text that cannot steer a terminal: control and format characters (a
+    right-to-left override, a zero-width joiner, an escape, a newline) and line or paragraph
+    separators are written as `\\uXXXX`."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}" for ch in text)
+
+
+def shown(value: object) -> str:
+    """Text from a file (a bundle, a cache entry) for rich output: `printable`, with rich markup escaped."""
+    from rich.markup import escape
+
+    return escape(printable(value))
+
+
 def table(title: str | None, columns: list[str], rows: list[list[Any]]):
+    """A rich table; every title and cell is `shown` (nothing in them is markup)."""
     from rich.table import Table
 
+    title = shown(title) if title else None
     t = Table(title=title, title_justify="left", header_style="bold", min_width=len(title) if title else None)
     for name in columns:
         t.add_column(name, overflow="fold")
     for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        t.add_row(*("" if v is None else shown(v) for v in row))
     return t
 
 
@@ -138,7 +157,7 @@ def fail(exc: PortkernError, as_json: bool) -> int:
     message = brief(exc, None, sep=" ", limit=None)
     if as_json:
         print(json.dumps({"error": type(exc).__name__, "message": message}))
-    print(f"portkern: error: {message}", file=sys.stderr)
+    print(f"portkern: error: {printable(message)}", file=sys.stderr)
     return 2 if isinstance(exc, UsageError) else 1
 
 

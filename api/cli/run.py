@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import time
 from pathlib import Path
 
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, store_from, table
-from portkern.errors import ArgumentTypeError, PortkernError
+from portkern.errors import ArgumentTypeError, PortkernError, brief
 
 
 def register(sub) -> None:
@@ -24,15 +26,26 @@ def register(sub) -> None:
 
 
 def load_inputs(paths: list[Path]) -> list:
-    """Arrays from .npy files; pickled object arrays are refused."""
+    """Arrays from .npy files; pickled object arrays, and files shorter than their header
+    says (empty, truncated, or claiming more elements than they hold), are refused."""
     import numpy as np
 
     arrays = []
     for index, path in enumerate(paths):
         try:
-            arrays.append(np.load(path, allow_pickle=False))
-        except (OSError, ValueError) as exc:
-            raise ArgumentTypeError(f"input {index} ({path}): cannot read a .npy array: {exc}") from None
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+                version = np.lib.format.read_magic(f)
+                if version in read_header:
+                    shape, _, dtype = read_header[version](f)
+                    count = math.prod(shape)
+                    if not dtype.hasobject and count * dtype.itemsize > size - f.tell():
+                        raise ValueError(f"its header says {count} elements of {dtype}, {count * dtype.itemsize} bytes; the file holds {size - f.tell()}")
+                f.seek(0)
+                arrays.append(np.load(f, allow_pickle=False))
+        except (OSError, ValueError, EOFError, MemoryError) as exc:
+            raise ArgumentTypeError(f"input {index} ({path}): cannot read a .npy array: {brief(exc) or type(exc).__name__}") from None
     return arrays
 
 
@@ -43,11 +56,12 @@ def run_kernel(args: argparse.Namespace) -> Report:
 
     if args.out is not None and args.out.suffix != ".npz":
         raise ArgumentTypeError(f"--out {args.out}: results are written as a NumPy .npz archive; give a name ending in .npz")
+    inputs = load_inputs(args.inputs)
     bundle = portkern.load(args.bundle, store=store_from(args))
     started = time.perf_counter()
     kernel = bundle.kernel(args.kernel, device=args.device, tune=args.tune)
     ready = time.perf_counter()
-    results = kernel(*load_inputs(args.inputs))
+    results = kernel(*inputs)
     called = time.perf_counter()
     results = results if isinstance(results, tuple) else (results,)
     if args.out:
