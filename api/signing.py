@@ -13,7 +13,15 @@ The environment says what this machine trusts and signs with:
 - `PORTKERN_TRUSTED_KEYS=FILE`: one or more public PEM keys in one file; a line of
   text just above a key (`# build farm`) names it;
 - `PORTKERN_REQUIRE_SIGNATURE=1`: native code only from values signed by a trusted key;
-- `PORTKERN_SIGNING_KEY=FILE`: the private key that signs what this machine publishes.
+- `PORTKERN_SIGNING_KEY=FILE`: the private key that signs what this machine publishes
+  (only on publishers: a build farm);
+- `PORTKERN_ROLE=publisher|reader`: whether this machine publishes native code to the fleet's
+  remote tier; default `publisher` with a signing key, else `reader`.
+
+One trust rule: with trusted keys configured, nothing whose signature does not verify, or
+that a key not trusted here signed, is compiled or run (`check_bundle`, `check_value`);
+with `PORTKERN_REQUIRE_SIGNATURE=1` nothing unsigned either, except that remote values
+must be signed by a trusted key whenever trusted keys are configured.
 
 Everything read here (signatures, key files) is untrusted input: sizes are
 bounded and every failure is a `SignatureError`.
@@ -31,6 +39,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from portkern import settings
 from portkern.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError
 from portkern.portable.framing import file_sha256 as read_sha256, read_bounded
 
@@ -39,9 +48,12 @@ SIGNATURE_SUFFIX = ".sig"
 #: A signature is a few KiB of JSON; anything much larger is refused unread.
 MAX_SIGNATURE_BYTES = 1 << 20
 MAX_KEY_FILE_BYTES = 1 << 20
-TRUSTED_KEYS_ENV = "PORTKERN_TRUSTED_KEYS"
-REQUIRE_ENV = "PORTKERN_REQUIRE_SIGNATURE"
-SIGNING_KEY_ENV = "PORTKERN_SIGNING_KEY"
+TRUSTED_KEYS_ENV = settings.TRUSTED_KEYS
+REQUIRE_ENV = settings.REQUIRE_SIGNATURE
+SIGNING_KEY_ENV = settings.SIGNING_KEY
+ROLE_ENV = settings.ROLE
+#: Roles: a publisher (build farm) signs and publishes native code; a reader (device) only verifies.
+PUBLISHER, READER = "publisher", "reader"
 
 #: What an OMS signature made with a key holds (model-signing 1.x, Sigstore bundle v0.3).
 _BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
@@ -101,6 +113,33 @@ class Policy:
     trusted: tuple[TrustedKey, ...] = ()
     required: bool = False
     signing_key: Path | None = None
+    role: str = READER
+
+    @property
+    def publishes(self) -> bool:
+        """Whether this machine publishes native code to the remote tier."""
+        return self.role == PUBLISHER
+
+    def check_bundle(self, path: str | Path, data: bytes | None) -> Verdict | None:
+        """The verdict on a bundle file (`data`: its bytes as read, None to hash the file), or
+        the typed error that refuses it: a signature that does not verify with a trusted key,
+        when trusted keys are configured; no signature, under `require`. None: nothing to check
+        (no trusted keys)."""
+        if not self.trusted:
+            return None
+        verdict = verify_file(path, data, self.trusted)
+        if verdict.signed or self.required:
+            why = f"{REQUIRE_ENV}=1" if not verdict.signed else f"its signature must verify with a key in {TRUSTED_KEYS_ENV}"
+            require_trusted(verdict, f"{path}: refused ({why})")
+        return verdict
+
+    def check_value(self, name: str, data: bytes, signature: bytes | None, what: str) -> TrustedKey | None:
+        """The trusted key that signed a remote value, or the typed error that refuses it: with
+        trusted keys configured (or under `require`) a value must be signed by one of them."""
+        if not self.trusted and not self.required:
+            return None
+        verdict = verify_value(name, data, signature, self.trusted) if signature is not None else Verdict(False, reason="not signed")
+        return require_trusted(verdict, what)
 
 
 def _crypto():
@@ -205,13 +244,16 @@ def read_trusted_keys(path: str | Path) -> tuple[TrustedKey, ...]:
 
 def from_env() -> Policy:
     """The signing policy the environment sets (see the module docstring)."""
-    trusted_file = os.environ.get(TRUSTED_KEYS_ENV, "").strip()
-    signing_key = os.environ.get(SIGNING_KEY_ENV, "").strip()
-    required = os.environ.get(REQUIRE_ENV, "").strip().lower() not in ("", "0", "no", "false", "off")
+    trusted_file = settings.trusted_keys_file()
+    signing_key = settings.signing_key_file()
+    required = settings.require_signature()
     trusted = _trusted_cached(trusted_file, *_stamp(trusted_file)) if trusted_file else ()
     if required and not trusted:
         raise KeyFileError(f"{REQUIRE_ENV} is set but {TRUSTED_KEYS_ENV} names no trusted key")
-    return Policy(trusted, required, Path(signing_key) if signing_key else None)
+    role = settings.role() or (PUBLISHER if signing_key else READER)
+    if role not in (PUBLISHER, READER):
+        raise KeyFileError(f"{ROLE_ENV} must be {PUBLISHER!r} or {READER!r}, not {role[:40]!r}")
+    return Policy(trusted, required, Path(signing_key) if signing_key and role == PUBLISHER else None, role)
 
 
 def key_to_sign_with(choice: str | None) -> Path | None:
@@ -219,7 +261,7 @@ def key_to_sign_with(choice: str | None) -> Path | None:
     `--sign` (None), `PORTKERN_SIGNING_KEY` (None if unset: no signature)."""
     if choice:
         return Path(choice)
-    key = os.environ.get(SIGNING_KEY_ENV, "").strip()
+    key = settings.signing_key_file()
     if choice == "" and not key:
         raise KeyFileError(f"--sign without a KEY needs {SIGNING_KEY_ENV}")
     return Path(key) if key else None

@@ -65,6 +65,9 @@ def main() -> int:
             if not args.unsigned:
                 key, public = signing.new_key_pair(tmp / "fleet")
                 os.environ.update(PORTKERN_SIGNING_KEY=str(key), PORTKERN_TRUSTED_KEYS=str(public), PORTKERN_REQUIRE_SIGNATURE="1")
+                signing.sign_file(bundle, key)  # required signatures cover bundles too
+            else:
+                os.environ["PORTKERN_ROLE"] = "publisher"  # an unsigned fleet: hosts publish unsigned values
             for name in names:
                 cold, new_host, remote, warm = [], [], [], []
                 for i in range(args.repeat):

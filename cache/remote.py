@@ -4,9 +4,11 @@
 redis-py reads URLs) turns it on. Each value is one framed document (`portkern.portable.framing`,
 magic `\\x89PKR\\r\\n\\x1a\\n`): `{"meta": {kind, key, sha256, signature?...}, "blobs":
 {"data": ...}}` under `portkern:v1:<kind>:<key>`. Values are written once (`SET NX`);
-eviction is left to Redis (`maxmemory-policy`). Writers sign each value with
-`PORTKERN_SIGNING_KEY` (`portkern.signing`, over the bytes as a file named after the key);
-under `PORTKERN_REQUIRE_SIGNATURE=1` readers drop any value no trusted key signed.
+eviction is left to Redis (`maxmemory-policy`). Only publishers write (`PORTKERN_ROLE`,
+`portkern.signing`): they sign each value with `PORTKERN_SIGNING_KEY` (over the bytes as a
+file named after the key); readers write nothing. With trusted keys configured
+(`PORTKERN_TRUSTED_KEYS`), any value no trusted key signed is dropped, whether or not
+`PORTKERN_REQUIRE_SIGNATURE` is set.
 
 A value is untrusted until checked: its size is bounded before it is read, its
 framing, key and sha256 are checked, and a bad one is dropped with a warning (and
@@ -16,8 +18,9 @@ slow, full or refusing: one warning, then local behaviour; it is tried again aft
 
 Other settings: `PORTKERN_REMOTE_MAX_VALUE` (largest value written or read, default
 64MiB), `PORTKERN_REMOTE_TIMEOUT` (seconds per Redis operation, default 2),
-`PORTKERN_REMOTE_LOCK_S` (expiry of a build lock, which is also how long other hosts
-wait for its holder, default 300).
+`PORTKERN_REMOTE_LOCK_S` (the longest a host waits for another host's build lock before it
+warns and builds itself, default 30; the holder keeps a `LEASE_S` lease renewed while it builds,
+so a dead holder's lock lapses within that).
 """
 
 from __future__ import annotations
@@ -25,29 +28,37 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
+import threading
 import time
+import uuid
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from portkern import schemas, signing
+from portkern import schemas, settings, signing
 from portkern.portable import framing
-from portkern.cache.config import CacheWarning, parse_size
+from portkern.cache.config import CacheWarning
 from portkern.errors import CacheError, PortkernError
 
-REMOTE_ENV = "PORTKERN_REMOTE_CACHE"
-MAX_VALUE_ENV = "PORTKERN_REMOTE_MAX_VALUE"
-TIMEOUT_ENV = "PORTKERN_REMOTE_TIMEOUT"
-LOCK_ENV = "PORTKERN_REMOTE_LOCK_S"
+REMOTE_ENV = settings.REMOTE_CACHE
+MAX_VALUE_ENV = settings.REMOTE_MAX_VALUE
+TIMEOUT_ENV = settings.REMOTE_TIMEOUT
+LOCK_ENV = settings.REMOTE_LOCK_S
 MAGIC = b"\x89PKR\r\n\x1a\n"
 FORMAT = framing.Format.with_error("remote cache value", MAGIC, 1, 0, CacheError)
 NAMESPACE = "portkern:v1"
-DEFAULT_MAX_VALUE = 64 << 20
+DEFAULT_MAX_VALUE = settings.DEFAULT_REMOTE_MAX_VALUE
 #: After Redis fails, local behaviour for this long before it is tried again.
 RETRY_AFTER_S = 30.0
 #: Value kinds: native code ("a", as in the store) and tuning results ("t").
 NATIVE, TUNING = "a", "t"
+#: How long a build lock lives unless its holder renews it (every third of this while it builds).
+LEASE_S = 10.0
+DEFAULT_LOCK_S = settings.DEFAULT_REMOTE_LOCK_S
+#: What became of a value offered to the remote tier (`RemoteCache.offer`), besides a reason it was not.
+PUBLISHED, PRESENT = "published", "present"
 
 
 class RemoteCacheWarning(CacheWarning):
@@ -60,8 +71,9 @@ class RemoteConfig:
 
     url: str
     max_value: int = DEFAULT_MAX_VALUE
-    timeout_s: float = 2.0
-    lock_s: float = 300.0
+    timeout_s: float = settings.DEFAULT_REMOTE_TIMEOUT_S
+    #: The longest a host waits for another host's build lock.
+    lock_s: float = DEFAULT_LOCK_S
 
 
 @dataclass(frozen=True)
@@ -75,17 +87,12 @@ class Fetched:
 
 
 def config_from_env() -> RemoteConfig | None:
-    """The remote tier the environment names, or None."""
-    url = os.environ.get(REMOTE_ENV, "").strip()
+    """The remote tier the settings (`portkern.settings`) name, or None. Never raises: an
+    unusable limit is one warning and its default."""
+    url = settings.remote_url()
     if not url:
         return None
-    try:
-        max_value = parse_size(os.environ.get(MAX_VALUE_ENV, "") or str(DEFAULT_MAX_VALUE))
-        timeout_s = float(os.environ.get(TIMEOUT_ENV, "") or 2.0)
-        lock_s = float(os.environ.get(LOCK_ENV, "") or 300.0)
-    except ValueError:
-        raise CacheError(f"{TIMEOUT_ENV} and {LOCK_ENV} must be numbers of seconds") from None
-    return RemoteConfig(url, max_value, timeout_s, lock_s)
+    return RemoteConfig(url, settings.remote_max_value(), settings.remote_timeout_s(), settings.remote_lock_s())
 
 
 class RemoteCache:
@@ -100,6 +107,13 @@ class RemoteCache:
         self._bad: dict[str, str] = {}
         #: sha256 of the value last served, by Redis key (so a caller can reject it later).
         self._served: dict[str, str] = {}
+        #: Why Redis was last not usable ("" if it has been).
+        self.last_error = ""
+
+    @property
+    def url(self) -> str:
+        """The Redis URL without its password."""
+        return _safe(self.config.url)
 
     # --- plumbing ------------------------------------------------------------
 
@@ -118,6 +132,7 @@ class RemoteCache:
         return self._client
 
     def _fail(self, exc: BaseException) -> None:
+        self.last_error = f"{type(exc).__name__}: {exc}"
         if self._down_until <= time.monotonic():
             warnings.warn(
                 f"remote cache {_safe(self.config.url)} is not usable ({type(exc).__name__}: {exc}); "
@@ -149,8 +164,27 @@ class RemoteCache:
         return self._get(NATIVE, key)
 
     def put_native(self, key: str, data: bytes, meta: dict[str, Any]) -> bool:
-        """Publish native code (signed when this host has a signing key); False if not written."""
+        """Publish native code (signed when this host has a signing key); False if not written
+        (always on a reader)."""
         return self._put(NATIVE, key, data, meta)
+
+    def offer(self, kind: str, key: str, data: bytes, meta: dict[str, Any]) -> str:
+        """Make sure the fleet has this value: `PUBLISHED` (written now), `PRESENT` (a value that
+        passes this host's checks is stored under the key), else why it is not there. A value
+        stored there that fails the checks is replaced."""
+        outcome = self._publish(kind, key, data, meta)
+        if outcome != PRESENT:
+            return outcome
+        name = self.name(kind, key)
+        raw = self._call(lambda client: client.get(name), None)
+        if raw is None:
+            return self._why_not_written()
+        try:
+            self._check(kind, key, raw)
+            return PRESENT
+        except PortkernError as exc:
+            self._drop(kind, key, raw, str(exc))
+        return self._publish(kind, key, data, meta)
 
     def get_tuning(self, key: str) -> dict | None:
         """A tuning record stored under a tuning key, checked; None on a miss or a bad value."""
@@ -212,17 +246,7 @@ class RemoteCache:
             raise CacheError(f"value names {meta['kind']}:{meta['key'][:16]}, not the key it is stored under")
         if len(data) > self.config.max_value or hashlib.sha256(data).hexdigest() != meta["sha256"]:
             raise CacheError("content does not match its sha256")
-        signer = None
-        if self.policy.required or "signature" in blobs:
-            verdict = (
-                signing.verify_value(f"{kind}-{key}", data, blobs["signature"], self.policy.trusted)
-                if "signature" in blobs
-                else signing.Verdict(False, reason="not signed")
-            )
-            if self.policy.required:
-                signer = signing.require_trusted(verdict, "remote value")
-            else:
-                signer = verdict.key
+        signer = self.policy.check_value(f"{kind}-{key}", data, blobs.get("signature"), "remote value")
         return Fetched(data, meta, signer)
 
     def _drop(self, kind: str, key: str, raw: bytes | None, reason: str) -> None:
@@ -234,52 +258,109 @@ class RemoteCache:
         )
 
     def _put(self, kind: str, key: str, data: bytes, meta: dict[str, Any]) -> bool:
+        return self._publish(kind, key, data, meta) == PUBLISHED
+
+    def _publish(self, kind: str, key: str, data: bytes, meta: dict[str, Any]) -> str:
+        if not self.policy.publishes:
+            return f"this host is a {self.policy.role} (only a publisher, with {signing.SIGNING_KEY_ENV}, publishes)"
         if len(data) > self.config.max_value:
-            return False
+            return f"larger than the {self.config.max_value}-byte value limit ({MAX_VALUE_ENV})"
         blobs = {"data": bytes(data)}
         if self.policy.signing_key is not None:
             try:
                 blobs["signature"] = signing.sign_value(f"{kind}-{key}", data, self.policy.signing_key)
             except PortkernError as exc:
-                warnings.warn(f"cannot sign remote cache values ({exc}); not publishing", RemoteCacheWarning, stacklevel=3)
-                return False
+                warnings.warn(f"cannot sign remote cache values ({exc}); not publishing", RemoteCacheWarning, stacklevel=4)
+                return f"cannot sign it ({exc})"
         document = {"meta": {**meta, "kind": kind, "key": key, "sha256": hashlib.sha256(data).hexdigest()}, "blobs": blobs}
         value = framing.pack(FORMAT, document)
         name = self.name(kind, key)
         bad = self._bad.get(name)
+        failed = object()
         if bad is None:
-            return bool(self._call(lambda client: client.set(name, value, nx=True), False))
-        return bool(self._call(lambda client: _replace_if(client, name, bad, value), False))
+            written = self._call(lambda client: client.set(name, value, nx=True), failed)
+        else:
+            written = self._call(lambda client: _replace_if(client, name, bad, value), failed)
+        if written is failed:
+            return self._why_not_written()
+        return PUBLISHED if written else PRESENT
+
+    def _why_not_written(self) -> str:
+        return f"remote cache {_safe(self.config.url)} is not usable ({self.last_error or 'no answer'})"
 
     # --- single flight -------------------------------------------------------------
 
     @contextmanager
-    def lock(self, key: str) -> Iterator[bool]:
-        """Hold the fleet-wide build lock of a key while building it; yields whether it is held.
+    def lock(self, key: str, what: str = "") -> Iterator[bool]:
+        """Hold the fleet-wide build lock of a key (of kernel `what`) while building it; yields
+        whether it is held.
 
-        Waits up to the lock's expiry for another host's holder; a holder that died lets
-        go when its lock expires. Without Redis, yields False at once (build locally).
+        The lock names its holder (host and process) and lives `LEASE_S` unless renewed, which
+        the holder does while it builds. A waiter waits up to `lock_s` for the lock; a lock that
+        is not let go by then (a planted lock, a holder that died or is slow) costs a warning
+        naming the kernel and the holder, and the waiter builds itself. Without Redis, yields
+        False at once (build locally).
         """
         client = self._redis()
-        lock = None
+        name = self.name("lock", key)
+        lock, renewer = None, None
         if client is not None:
+            token = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
             try:
-                lock = client.lock(
-                    self.name("lock", key), timeout=self.config.lock_s, blocking_timeout=self.config.lock_s, sleep=0.05
-                )
-                if not lock.acquire():
+                lock = client.lock(name, timeout=LEASE_S, sleep=0.1, blocking_timeout=self.config.lock_s, thread_local=False)
+                if not lock.acquire(token=token):
                     lock = None
+                    holder = self._call(lambda c: c.get(name), None)
+                    warnings.warn(
+                        f"the fleet build lock of {what or 'kernel'} ({key[:16]}) is held by {_holder(holder)} and was "
+                        f"not let go within {self.config.lock_s:g} s ({LOCK_ENV}): a planted lock or a holder that died "
+                        "or is slow; building it here",
+                        RemoteCacheWarning,
+                        stacklevel=3,
+                    )
             except Exception as exc:  # noqa: BLE001
                 self._fail(exc)
                 lock = None
+        if lock is not None:
+            renewer = _Renewer(lock)
         try:
             yield lock is not None
         finally:
+            if renewer is not None:
+                renewer.stop()
             if lock is not None:
                 try:
                     lock.release()
-                except Exception:  # noqa: BLE001 - expired (we were slow) or Redis went away: nothing to undo
+                except Exception:  # noqa: BLE001 - lapsed (renewal failed) or Redis went away: nothing to undo
                     pass
+
+
+class _Renewer:
+    """Renews a held build lock's lease every third of `LEASE_S` until stopped (or the lock is lost)."""
+
+    def __init__(self, lock) -> None:
+        self._lock = lock
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="portkern-remote-lock", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(LEASE_S / 3):
+            try:
+                self._lock.reacquire()
+            except Exception:  # noqa: BLE001 - lost or Redis gone: waiters build after the lease lapses
+                return
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(LEASE_S)
+
+
+def _holder(value: bytes | None) -> str:
+    """Who a lock's value says holds it, as untrusted text."""
+    if value is None:
+        return "a holder that let go just now"
+    return repr(value[:80].decode("utf-8", "replace"))
 
 
 def _replace_if(client, name: str, expected: str, value: bytes) -> bool:
@@ -309,14 +390,15 @@ def _safe(url: str) -> str:
     return url
 
 
-_remotes: dict[RemoteConfig, RemoteCache] = {}
+_remotes: dict[tuple[RemoteConfig, signing.Policy], RemoteCache] = {}
 
 
 def from_env() -> RemoteCache | None:
-    """The process's remote tier as the environment configures it, or None."""
+    """The process's remote tier as the environment configures it (Redis and trust policy), or None."""
     config = config_from_env()
     if config is None:
         return None
-    if config not in _remotes:
-        _remotes[config] = RemoteCache(config)
-    return _remotes[config]
+    policy = signing.from_env()
+    if (config, policy) not in _remotes:
+        _remotes[config, policy] = RemoteCache(config, policy)
+    return _remotes[config, policy]

@@ -1,11 +1,14 @@
 """The Redis remote tier with a real `redis-server`: hosts share native code and tuning results,
-compile a cold kernel once fleet-wide, refuse tampered or untrusted entries, and run on when
-Redis is down, slow or full."""
+compile a cold kernel once fleet-wide, refuse tampered, unsigned or untrusted entries (whenever
+trusted keys are configured), publish nothing from a reader, bound the wait for a planted or dead
+lock, say in `finalize --json` what was published, and run on when Redis is down, slow or full."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
 import socket
 import warnings
 
@@ -36,6 +39,16 @@ from test_cache_processes import result, run  # noqa: E402
 
 #: A CPU config of gemm_bias_relu's GEMM that compiles and computes correctly.
 TUNED = "0=" + perfconfig.to_string(CpuConfig((128, 128, 0), (8, 32, 0), (0, 0, 4)))
+
+
+@pytest.fixture(scope="module")
+def examples_bundle(examples_bundle, keys, tmp_path_factory):
+    """The example bundle signed by the fleet's trusted key (a fleet that requires signatures
+    loads no unsigned bundle)."""
+    signed = tmp_path_factory.mktemp("signed-examples") / "examples.pkb"
+    shutil.copy(examples_bundle, signed)
+    signing.sign_file(signed, keys / "trusted.key")
+    return signed
 
 
 @pytest.fixture
@@ -209,3 +222,116 @@ def test_values_over_the_size_limit_are_neither_written_nor_read(fleet, examples
     monkeypatch.setenv("PORTKERN_REMOTE_MAX_VALUE", "1KB")
     portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_rowsum")
     assert native_values(fleet) == []
+
+
+def _forge(server, victim: str, source: str, signer=None) -> None:
+    """Store the native code of kernel key `source` under kernel key `victim`, unsigned or signed
+    by `signer` (a well-formed value whose only fault is its signature)."""
+    client = server.client()
+    _, _, document = framing.unpack(FORMAT, client.get(RemoteCache.name(remote.NATIVE, source)))
+    document["meta"]["key"] = victim
+    document["blobs"].pop("signature")
+    if signer is not None:
+        document["blobs"]["signature"] = signing.sign_value(f"{remote.NATIVE}-{victim}", document["blobs"]["data"], signer)
+    client.set(RemoteCache.name(remote.NATIVE, victim), framing.pack(FORMAT, document))
+
+
+@pytest.mark.parametrize("signer, reason", [(None, "not signed"), ("stranger.key", "untrusted key")])
+def test_with_trusted_keys_other_code_unsigned_or_untrusted_is_dropped_even_when_not_required(
+    fleet, examples_bundle, keys, tmp_path, rng, monkeypatch, signer, reason
+):
+    monkeypatch.delenv("PORTKERN_REQUIRE_SIGNATURE")
+    farm = host(tmp_path, "farm")
+    bundle = portkern.load(examples_bundle, store=farm)
+    target = devices.resolve("cpu", farm)
+    victim, source = (bundle.key(bundle.record(name), target).hex for name in ("gemm_transpose_add", "gemm_rowsum"))
+    assert bundle.kernel("gemm_rowsum").origin == "finalized"
+    _forge(fleet, victim, source, keys / signer if signer else None)
+
+    monkeypatch.delenv("PORTKERN_SIGNING_KEY")  # a reader: it drops the value and builds, but replaces nothing
+    with pytest.warns(RemoteCacheWarning, match=f"dropped .*{reason}"):
+        rebuilt = portkern.load(examples_bundle, store=host(tmp_path, "reader")).kernel("gemm_transpose_add")
+    assert rebuilt.origin == "finalized"
+    check(rebuilt, rng)
+
+    monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))  # a publisher replaces it
+    with pytest.warns(RemoteCacheWarning, match=f"dropped .*{reason}"):
+        assert portkern.load(examples_bundle, store=host(tmp_path, "publisher")).kernel("gemm_transpose_add").origin == "finalized"
+    monkeypatch.delenv("PORTKERN_SIGNING_KEY")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RemoteCacheWarning)
+        served = portkern.load(examples_bundle, store=host(tmp_path, "third")).kernel("gemm_transpose_add")
+    assert served.origin == "remote"
+    check(served, rng)
+
+
+@pytest.mark.parametrize("key_file", [False, True])
+def test_a_reader_publishes_nothing(server, examples_bundle, keys, tmp_path, rng, monkeypatch, key_file):
+    monkeypatch.setenv("PORTKERN_REMOTE_CACHE", server.url)
+    monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted.pub"))
+    if key_file:  # a key file present does not make a reader publish
+        monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
+        monkeypatch.setenv("PORTKERN_ROLE", "reader")
+    store = host(tmp_path, "device")
+    bundle = portkern.load(examples_bundle, store=store)
+    record, target = bundle.record("gemm_rowsum"), devices.resolve("cpu", store)
+    store.put_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record), {"kind": "kernel", "config": TUNED})
+    kernel = bundle.kernel("gemm_rowsum")
+    assert kernel.origin == "finalized"
+    check(kernel, rng)
+    assert server.client().keys("*") == []
+
+
+def test_a_planted_lock_costs_a_bounded_wait_and_a_warning(fleet, examples_bundle, tmp_path, rng, monkeypatch):
+    monkeypatch.setenv("PORTKERN_REMOTE_LOCK_S", "1")
+    store = host(tmp_path, "a")
+    bundle = portkern.load(examples_bundle, store=store)
+    key = bundle.key(bundle.record("gemm_rowsum"), devices.resolve("cpu", store)).hex
+    fleet.client().set(remote.RemoteCache.name("lock", key), b"x", ex=3600)
+    with pytest.warns(RemoteCacheWarning, match="lock of gemm_rowsum .* held by 'x' .*building it here"):
+        kernel = bundle.kernel("gemm_rowsum")
+    assert kernel.origin == "finalized"
+    check(kernel, rng)
+
+
+def test_finalize_json_says_what_was_published(fleet, examples_bundle, keys, tmp_path, rng, capsys, monkeypatch):
+    argv = ["finalize", str(examples_bundle), "--target", "cpu", "--kernel", "gemm_rowsum", "--json"]
+    status, report = _finalize(capsys, [*argv, "--cache-dir", str(tmp_path / "farm"), "--publish"])
+    assert status == 0 and report["published"] and report["remote"]["missing"] == 0
+    assert report["entries"][0]["remote"] in ("published", "present")
+    served = portkern.load(examples_bundle, store=host(tmp_path, "device")).kernel("gemm_rowsum")
+    assert served.origin == "remote"
+    check(served, rng)
+
+    monkeypatch.delenv("PORTKERN_SIGNING_KEY")  # a reader publishes nothing, and says so
+    status, report = _finalize(capsys, [*argv, "--cache-dir", str(tmp_path / "reader"), "--publish"])
+    assert status == 1 and not report["published"] and "reader" in report["remote"]["reason"]
+
+    monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
+    fleet.stop()
+    status, report = _finalize(capsys, [*argv, "--cache-dir", str(tmp_path / "farm")])
+    assert status == 0 and report["entries"][0]["ok"]  # the remote tier was not required
+    assert not report["published"] and "not usable" in report["remote"]["reason"]
+    status, report = _finalize(capsys, [*argv, "--cache-dir", str(tmp_path / "farm"), "--publish"])
+    assert status == 1 and not report["published"] and report["remote"]["missing"] == 1
+    assert "not usable" in report["remote"]["reason"]
+
+
+def _finalize(capsys, argv) -> tuple[int, dict]:
+    status = main(argv)
+    return status, json.loads(capsys.readouterr().out)
+
+
+def test_a_build_lock_names_its_holder_and_lives_a_short_lease(fleet, tmp_path, monkeypatch):
+    monkeypatch.setenv("PORTKERN_REMOTE_LOCK_S", "0.5")
+    key = hashlib.sha256(b"a kernel").hexdigest()
+    holder, waiter = RemoteCache(remote.config_from_env()), RemoteCache(remote.config_from_env())
+    with holder.lock(key, "k") as held:
+        assert held
+        name = remote.RemoteCache.name("lock", key)
+        assert f"pid {os.getpid()}".encode() in fleet.client().get(name)
+        assert 0 < fleet.client().pttl(name) <= remote.LEASE_S * 1000
+        with pytest.warns(RemoteCacheWarning, match=f"lock of k .* held by '.*pid {os.getpid()} .*building it here"):
+            with waiter.lock(key, "k") as waited:
+                assert not waited
+    assert fleet.client().get(name) is None

@@ -1,5 +1,6 @@
 """Signed bundles in the OpenSSF Model Signing format: keys, `build --sign`, `inspect`, and the
-loader refusing prebuilt native code that no trusted key signed."""
+loader's one trust rule: with trusted keys, a signature that does not verify with one of them
+refuses the bundle (prebuilt code or only code to compile here); under require, so does none."""
 
 from __future__ import annotations
 
@@ -11,12 +12,13 @@ import stat
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (model-signing)")
 
 import portkern  # noqa: E402
-from helpers import assert_matches  # noqa: E402
+from helpers import assert_matches, build_mlir  # noqa: E402
 from portkern import signing  # noqa: E402
 from portkern.cli.main import main  # noqa: E402
 from portkern.errors import KeyFileError, UnsignedError, UntrustedKeyError  # noqa: E402
@@ -108,8 +110,9 @@ def test_required_signature_refuses_unsigned_untrusted_and_mismatched_bundles(
     with pytest.raises(UntrustedKeyError, match="does not verify"):
         portkern.load(unsigned, store=store)
 
-    # a bundle with no native code needs no signature: its code is built here
-    assert portkern.load(gpu_bundle, store=store).names() == ["gemm_bias_relu"]
+    # under require, a bundle with no native code needs a signature too: its code would be built here
+    with pytest.raises(UnsignedError, match="refused .* not signed"):
+        portkern.load(gpu_bundle, store=store)
 
 
 def test_required_signature_without_trusted_keys_is_an_error(gpu_bundle, store, monkeypatch):
@@ -169,3 +172,83 @@ def test_the_verifier_agrees_with_model_signing(keys, tmp_path):
             theirs = False
         ours = signing.verify_value(None, data, sig, signing.read_trusted_keys(keys / public)).trusted
         assert ours == theirs == expected, (public, expected)
+
+
+SOFTMAX = """
+func.func @act(%x: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %empty = tensor.empty() : tensor<8x32xf32>
+  %r = linalg.softmax dimension(1) ins(%x : tensor<8x32xf32>) outs(%empty : tensor<8x32xf32>) -> tensor<8x32xf32>
+  return %r : tensor<8x32xf32>
+}
+"""
+
+SIGMOID = """
+func.func @act(%x: tensor<8x32xf32>) -> tensor<8x32xf32> {
+  %empty = tensor.empty() : tensor<8x32xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
+                       iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<8x32xf32>) outs(%empty : tensor<8x32xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %one = arith.constant 1.0 : f32
+    %neg = arith.negf %in : f32
+    %e = math.exp %neg : f32
+    %d = arith.addf %one, %e : f32
+    %s = arith.divf %one, %d : f32
+    linalg.yield %s : f32
+  } -> tensor<8x32xf32>
+  return %r : tensor<8x32xf32>
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def softmax_and_forgery(keys, tmp_path_factory):
+    """A Softmax bundle signed by `trusted`, and a Sigmoid bundle of the same name beside the
+    Softmax bundle's signature (changed after signing)."""
+    signed = build_mlir(tmp_path_factory.mktemp("softmax"), "act", act=SOFTMAX)
+    signing.sign_file(signed, keys / "trusted.key")
+    forged = build_mlir(tmp_path_factory.mktemp("sigmoid"), "act", act=SIGMOID)
+    shutil.copy(signing.signature_path(signed), signing.signature_path(forged))
+    return signed, forged
+
+
+@pytest.mark.parametrize("require", ["", "1"])
+def test_a_bundle_changed_after_signing_is_refused_though_it_carries_no_native_code(
+    softmax_and_forgery, keys, store, rng, capsys, monkeypatch, require
+):
+    signed, forged = softmax_and_forgery
+    monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
+    monkeypatch.setenv("PORTKERN_REQUIRE_SIGNATURE", require)
+    status, shown = run_json(capsys, "inspect", str(forged))
+    assert status == 0 and not shown["signature"]["trusted"] and "does not verify" in shown["signature"]["reason"]
+    with pytest.raises(UntrustedKeyError, match="refused .*does not verify"):
+        portkern.load(forged, store=store)
+    status, failed = run_json(capsys, "run", str(forged), "act")
+    assert status == 1 and failed["error"] == "UntrustedKeyError"
+
+    kernel = portkern.load(signed, store=store).kernel("act")
+    x = rng.standard_normal((8, 32), dtype=np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    assert_matches(kernel(x), (e / e.sum(axis=1, keepdims=True),), 1e-5, 1e-6)
+
+
+def test_trusted_keys_refuse_a_bundle_signed_by_another_key_and_require_refuses_an_unsigned_one(
+    softmax_and_forgery, keys, store, rng, tmp_path, monkeypatch
+):
+    signed, _ = softmax_and_forgery
+    monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
+    monkeypatch.delenv("PORTKERN_REQUIRE_SIGNATURE", raising=False)
+    copy = tmp_path / "act.pkb"
+    shutil.copy(signed, copy)
+    kernel = portkern.load(copy, store=store).kernel("act")  # unsigned, not required: built here
+    x = rng.standard_normal((8, 32), dtype=np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    assert_matches(kernel(x), (e / e.sum(axis=1, keepdims=True),), 1e-5, 1e-6)
+
+    monkeypatch.setenv("PORTKERN_REQUIRE_SIGNATURE", "1")
+    with pytest.raises(UnsignedError, match="not signed"):
+        portkern.load(copy, store=store)
+    monkeypatch.delenv("PORTKERN_REQUIRE_SIGNATURE")
+    signing.sign_file(copy, keys / "stranger.key")
+    with pytest.raises(UntrustedKeyError, match="untrusted key"):
+        portkern.load(copy, store=store)

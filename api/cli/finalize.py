@@ -3,7 +3,9 @@
 On a host without the device (`--target gfx942`, `cuda:sm_90`, `cpu:znver4`):
 the entries are stored under that target's fingerprint and are served to a
 device with exactly that fingerprint, CPU code also to any host whose CPU has
-every feature it was built with; `--export FILE` ships them to a fleet.
+every feature it was built with; `--export FILE` ships them to a fleet. With a remote
+tier (`PORTKERN_REMOTE_CACHE`), a publisher also makes sure the fleet has each entry;
+`--json` says what was published (`published`, `remote`), and `--publish` fails unless all was.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def register(sub) -> None:
     fin.add_argument("--kernel", action="append", metavar="NAME", help="only these kernels (default: all)")
     fin.add_argument("--workers", type=int, metavar="N", help="finalise up to N kernels at once (default: one per core)")
     fin.add_argument("--export", type=Path, metavar="FILE", help="also write the entries to an export file")
+    fin.add_argument("--publish", action="store_true",
+                     help="require the remote tier: exit 1 unless every entry is published there")
     add_sign(fin, "the export file")
     add_cache_dir(fin)
     add_json(fin)
@@ -75,8 +79,14 @@ def run_finalize(args: argparse.Namespace) -> Report:
             )
     keys = [r["key"] for r in rows if r["ok"]]
     exported = transfer.export(store, args.export, keys=keys, sign_with=sign_with).to_dict() if args.export else None
-    # per entry, `finalize_s`: the time its native code took to make (for a cache hit, when it was made)
-    data = {"json_format": JSON_FORMAT, "bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows, "exported": exported}
+    remote = _publish(store, rows, args.publish)
+    published = remote is not None and not remote["missing"] and bool(keys)
+    # per entry, `finalize_s`: the time its native code took to make (for a cache hit, when it was made);
+    # `remote`: "published" (written now), "present" (the fleet had it) or why it is not in the remote tier
+    data = {
+        "json_format": JSON_FORMAT, "bundle": str(args.bundle), "cache_dir": str(store.directory), "entries": rows,
+        "exported": exported, "published": published, "remote": remote,
+    }
 
     def render(out):
         shown = [
@@ -87,8 +97,46 @@ def run_finalize(args: argparse.Namespace) -> Report:
         if exported:
             signed = f", signed ({exported['signed']})" if exported["signed"] else ""
             out.print(f"exported {exported['entries']} entries ({human_size(exported['bytes'])}) to {exported['path']}{signed}")
+        if remote is not None:
+            missing = f"; {remote['missing']} not published: {remote['reason']}" if remote["missing"] else ""
+            out.print(f"remote tier {remote['url']} ({remote['role']}): {remote['published']} published, "
+                      f"{remote['present']} already there{missing}")
 
-    return Report(data, render, status=0 if all(r["ok"] for r in rows) else 1)
+    ok = all(r["ok"] for r in rows) and (published or not args.publish)
+    return Report(data, render, status=0 if ok else 1)
+
+
+def _publish(store, rows: list[dict], required: bool) -> dict | None:
+    """Offer each finalised entry to the remote tier (`RemoteCache.offer`), noting the outcome in
+    its row; what was published, or None without a remote tier."""
+    from portkern.cache.remote import NATIVE, PRESENT, PUBLISHED, REMOTE_ENV
+
+    remote = store.remote
+    if remote is None:
+        if required:
+            raise UsageError(f"--publish needs a remote tier ({REMOTE_ENV})")
+        return None
+    counts = {PUBLISHED: 0, PRESENT: 0}
+    reasons: list[str] = []
+    for row in rows:
+        if not row["ok"]:
+            continue
+        hit = store.get(row["key"], count=False)
+        if hit is None:
+            outcome = "no longer in the local cache"
+        else:
+            data, entry = hit
+            outcome = remote.offer(NATIVE, row["key"], data, {"config": entry.config, "format": entry.format, "finalize_s": entry.finalize_s})
+        row["remote"] = outcome
+        if outcome in counts:
+            counts[outcome] += 1
+        elif outcome not in reasons:
+            reasons.append(outcome)
+    missing = sum(1 for row in rows if row["ok"] and row["remote"] not in counts)
+    return {
+        "url": remote.url, "role": remote.policy.role, "published": counts[PUBLISHED], "present": counts[PRESENT],
+        "missing": missing, "reason": "; ".join(reasons) or None,
+    }
 
 
 
