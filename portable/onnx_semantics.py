@@ -25,9 +25,30 @@ kernel computes what onnx's reference computes, on every ISA level it runs on.
   the other `Reduce*` propagate NaN; `Greater`, `Less`, `Equal`, `GreaterOrEqual`, `LessOrEqual`
   are false on NaN; `Relu`, `LeakyRelu`, `Abs`, `Floor`, `Ceil`, `Round`, `Exp`, `Log`, `Sqrt`,
   `Tanh`, `Sigmoid`, `Softmax`, `LogSoftmax`, `Mean`, `Sum`, `Mod`, `CumSum`, `GlobalMaxPool` keep
-  it), nothing is rewritten. Not rewritten, and still different from the reference: `TopK` (whose
-  reference sorts NaN above every number), `MaxPool` (whose reference skips NaN in a window) and
-  `Pow` (IREE gives NaN for `pow(1, nan)`, `pow(nan, 0)`, `pow(0, 0)` and a negative base).
+  it), nothing is rewritten.
+- `Pow`: IREE gives NaN for a negative base, for `pow(1, nan)`, `pow(nan, 0)` and `pow(0, 0)`, -inf
+  for `0 ** -n` with a constant `n`, and its integer Pow goes through a float pow (NaN, so the
+  type's minimum, for a negative base; inexact beyond 2**53). onnx's reference is C's `pow`. A
+  float base becomes `r = Where(|x| == 1, 1, Abs(Pow(|x|, y)))` (float32 for float16 and bfloat16
+  bases), negated where x is negative (-0 and -inf too) and y an odd integer, NaN where x is
+  finite and negative and y no integer, 1 where y is 0. A constant exponent drops the checks it
+  needs none of; a single constant exponent that is a non-negative integer or 0.5 is left to
+  IREE (products and sqrt, as the reference's NumPy computes them), a single infinite or NaN one
+  is computed outright. An integer base with an integer exponent becomes squarings and
+  products, exact for every result the type holds (an overflowing one differs: the reference
+  wraps). Left as they are: an integer base with a float exponent, and a broadcast exponent 0.5
+  with a -inf base that is not a constant (NumPy takes sqrt there: NaN; the rewrite gives C's +inf).
+- `TopK` of floating-point input: the reference sorts NaN above +inf (first with `largest`, last
+  without), ties by the lower index; IREE places NaN anywhere. The rewrite sorts a double key
+  (NaN -> +inf, +inf -> the largest double) and maps the values back (float64: GatherElements,
+  opset 11 on, and a largest double in the input ties with +inf).
+- `MaxPool` of floating-point input (one output): the reference skips NaN in a window and, with
+  strides or dilations (its loop), keeps a NaN that is the window's first element inside the
+  input; IREE spreads every NaN. The rewrite pools `Where(IsNaN(x), -inf, x)`, then puts back
+  the window's first element where it is NaN (Gather of constant indices; a -inf Pad in front,
+  as `onnx_model.explicit_pool_pads` writes, counts as padding), or without strides (and where
+  sizes are not known) NaN where a window holds no number (a second pool over `Not(IsNaN(x))`;
+  the reference fails there).
 """
 
 from __future__ import annotations
@@ -43,6 +64,7 @@ _NAN_OPS = ("Max", "Min", "Clip", "Sign", "ArgMax", "ArgMin", "Hardmax")
 #: Operators whose results IREE computes differently from onnx's reference for more than NaN.
 _MORE_OPS = ("Pow", "TopK", "MaxPool")
 _DOUBLE = 11
+_HALVES = (10, 16)
 _FLOAT, _BOOL = 1, 9
 #: The first opset with IsNaN and Where, which the NaN rewrites use; an older model is upgraded to it first.
 _NAN_OPSET = 9
@@ -69,7 +91,8 @@ def rewrite(model):
         _upgrade(model, _NAN_OPSET)
         return rewrite(model) or True
     pools = [n for g in graphs for n in g.node if _is_onnx(n) and n.op_type == "MaxPool" and types.get(n.input[0]) in _FLOATS]
-    dims = _dims(model, {v for n in pools for v in (*n.input[:1], *n.output[:1])}) if pools else {}
+    pads = {out: n.input[0] for g in graphs for n in g.node if n.op_type == "Pad" and n.input for out in n.output}
+    dims = _dims(model, {v for n in pools for v in (n.input[0], pads.get(n.input[0], n.input[0]), *n.output[:1])}) if pools else {}
     names = _Names(graphs)
     changed = False
     for graph in reversed(graphs):  # innermost first: an outer graph's new nodes are copies
@@ -281,10 +304,12 @@ class _Builder:
         self.made.append(node)
 
     def const(self, value, code: int) -> str:
-        from onnx import helper
+        import numpy as np
+        from onnx import helper, numpy_helper
 
         name = self.names(f"{self.base}_const")
-        self.made.append(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, code, [], [value])))
+        array = np.array(value, dtype=helper.tensor_dtype_to_np_dtype(code))
+        self.made.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name)))
         return name
 
     def ints(self, values, name: str = "indices") -> str:
@@ -317,18 +342,18 @@ def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:
             "base, a zero exponent or a NaN could not be made to give onnx's"
         )
     c = constants.get(y)
+    if code in _INTEGERS:
+        if exponent_code not in _INTEGERS:
+            return None  # an integer raised to floating-point powers is left to IREE (see the module's docstring)
+        return _integer_pow(node, code, exponent_code, c, _Builder(node.name or out, names))
     if c is not None and c.size == 1 and np.isfinite(c).all() and ((c >= 0) & (c == np.floor(c)) | (c == 0.5)).all():
         return None  # IREE computes x * x ..., 1 and sqrt(x) for such an exponent, as the reference does
     base_value = constants.get(x)
     if code in _FLOATS and base_value is not None and (np.isfinite(base_value) & (base_value > 0) & (base_value != 1)).all():
         return None  # a positive base other than 1: IREE's pow(b, y) is the reference's
-    b = _Builder(node.name or out, names)
-    if code in _INTEGERS:
-        if exponent_code not in _INTEGERS:
-            return None  # an integer raised to floating-point powers is left to IREE (see the module's docstring)
-        return _integer_pow(node, code, exponent_code, constants.get(y), b)
     if code not in _FLOATS:
         return None
+    b = _Builder(node.name or out, names)
     one, ax = b.const(1.0, code), b("Abs", x)
     if c is not None and c.size == 1 and not np.isfinite(c).all():  # IREE's importer fails on some, folds others wrong
         if np.isnan(c).all():
@@ -339,30 +364,34 @@ def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:
             b("Where", b("Greater", ax, one), b.const(above, code), inside, out=out)
         return b.made
     raised = names(f"{b.base}_pow")
-    b.node(helper.make_node("Pow", [ax, y], [raised], name=node.name))
+    if code in _HALVES:  # IREE's float16 pow is off by 2 ulp and more; float32's rounds to the reference's
+        b.node(helper.make_node("Pow", [b("Cast", ax, to=_FLOAT), y], [raised], name=node.name))
+        raised = b("Cast", raised, to=code)
+    else:
+        b.node(helper.make_node("Pow", [ax, y], [raised], name=node.name))
     # pow(1, y) is 1 for every y, a NaN or an infinity too; the absolute value undoes IREE's -inf for 0 ** -n
     r = b("Where", b("Equal", ax, one), one, b("Abs", raised))
     integral = exponent_code in _INTEGERS or (c is not None and np.all(np.floor(c) == c))
-    if exponent_code in _INTEGERS:
-        zero_e, two_e = b.const(0, exponent_code), b.const(2, exponent_code)
-        odd = b("Not", b("Equal", b("Sub", y, b("Mul", b("Div", y, two_e), two_e)), zero_e))
-        y_zero = b("Equal", y, zero_e)
-    else:
-        zero_e = b.const(0.0, exponent_code)
-        halved = b("Floor", b("Mul", y, b.const(0.5, exponent_code)))
-        odd = b("Equal", b("Sub", y, b("Mul", halved, b.const(2.0, exponent_code))), b.const(1.0, exponent_code))
-        y_zero = b("Equal", y, zero_e)
-    zero = b.const(0.0, code)
+    zero, zero_e = b.const(0.0, code), b.const(0, exponent_code)
+    steps = []  # (condition, value) pairs, applied innermost first
     if c is None or np.any(_odd(c)):  # a negative base (-0 and -inf too) raised to an odd integer is negative
+        two_e = b.const(2, exponent_code)
+        if exponent_code in _INTEGERS:
+            odd = b("Not", b("Equal", b("Sub", y, b("Mul", b("Div", y, two_e), two_e)), zero_e))
+        else:
+            halved = b("Floor", b("Mul", y, b.const(0.5, exponent_code)))
+            odd = b("Equal", b("Sub", y, b("Mul", halved, two_e)), b.const(1, exponent_code))
         negative = b("Or", b("Less", x, zero), b("Less", b("Reciprocal", x), zero))
-        r = b("Where", b("And", negative, odd), b("Neg", r), r)
+        steps.append((b("And", negative, odd), b("Neg", r)))
     if not integral:  # a finite negative base raised to a non-integer is NaN
         finite_negative = b("And", b("Less", x, zero), b("Greater", x, b.const(float("-inf"), code)))
-        fraction = b("Not", b("Equal", b("Floor", y) if exponent_code not in _INTEGERS else y, y))
-        r = b("Where", b("And", finite_negative, fraction), b.const(float("nan"), code), r)
+        steps.append((b("And", finite_negative, b("Not", b("Equal", b("Floor", y), y))), b.const(float("nan"), code)))
     if c is None or np.any(c == 0):  # x ** 0 is 1 for every x, a NaN too
-        r = b("Where", y_zero, one, r)
-    b.made[-1].output[0] = out
+        steps.append((b("Equal", y, zero_e), one))
+    for i, (condition, value) in enumerate(steps):
+        r = b("Where", condition, value, r, out=out if i == len(steps) - 1 else None)
+    if not steps:
+        b("Identity", r, out=out)
     return b.made
 
 
@@ -387,19 +416,18 @@ def _integer_pow(node, code: int, exponent_code: int, exponent, b: _Builder) -> 
     (out,) = node.output
     zero_e, one_e, two_e = (b.const(v, exponent_code) for v in (0, 1, 2))
     # a larger exponent keeps its parity, for the bases -1, 0 and 1 whose powers do not overflow
-    limit = b.const(2**steps - 2, exponent_code)
-    parity = b("Sub", y, b("Mul", b("Div", y, two_e), two_e))
-    e = y if exponent is not None and np.all((exponent >= 0) & (exponent < 2**steps)) else b(
-        "Where", b("Less", y, zero_e), zero_e, b("Where", b("Greater", y, limit), b("Add", limit, b("Abs", parity)), y)
-    )
+    e = y
+    if exponent is None or not np.all((exponent >= 0) & (exponent < 2**steps)):
+        limit = b.const(2**steps - 2, exponent_code)
+        parity = b("Abs", b("Sub", y, b("Mul", b("Div", y, two_e), two_e)))
+        e = b("Where", b("Less", y, zero_e), zero_e, b("Where", b("Greater", y, limit), b("Add", limit, parity), y))
     result, square = b.const(1, code), x
     for step in range(steps):
         half = b("Div", e, two_e)
         bit = b("Equal", b("Sub", e, b("Mul", half, two_e)), one_e)
-        result = b("Where", bit, b("Mul", result, square), result)
+        result = b("Where", bit, b("Mul", result, square), result, out=out if step == steps - 1 else None)
         if step < steps - 1:
             square, e = b("Mul", square, square), half
-    b.made[-1].output[0] = out
     return b.made
 
 

@@ -235,3 +235,62 @@ def test_a_model_older_than_opset_9():
         helper.make_node("ArgMax", ["x"], ["argmax"], axis=1),
     ]
     check(model(nodes, ["clip", "max", "argmax"], opset=7), {"x": X, "y": Y})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64])
+def test_topk_orders_nan_above_every_number(dtype):
+    """NaN above +inf (first with largest, last without), ties by the lower index, every axis, k
+    short of and up to the whole axis."""
+    k = numpy_helper.from_array(np.array([3], np.int64), "k")
+    k_all = numpy_helper.from_array(np.array([X.shape[1]], np.int64), "k_all")
+    k_rows = numpy_helper.from_array(np.array([X.shape[0]], np.int64), "k_rows")
+    nodes = []
+    for largest in (1, 0):
+        for name, axis in (("k", 1), ("k_all", -1), ("k_rows", 0)):
+            nodes.append(helper.make_node("TopK", ["x", name], [f"v_{largest}_{name}", f"i_{largest}_{name}"], axis=axis, largest=largest))
+    outputs = [o for n in nodes for o in n.output if o]
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    m = model(nodes, outputs, inputs=("x",), initializers=[k, k_all, k_rows], elem=elem)
+    check(m, {"x": X.astype(dtype)})
+
+
+def test_topk_of_integers_is_left_as_it_is():
+    k = numpy_helper.from_array(np.array([2], np.int64), "k")
+    m = model([helper.make_node("TopK", ["x", "k"], ["v", "i"])], ["v", "i"], inputs=("x",), initializers=[k], elem=TensorProto.INT32)
+    assert not onnx_semantics.rewrite(m)
+
+
+POOL = np.arange(2 * 7 * 7, dtype=np.float32).reshape(1, 2, 7, 7) % 11 - 5
+POOL[0, 0, 0, 0] = POOL[0, 0, 0, 3] = POOL[0, 0, 2, 3] = POOL[0, 0, 4, 4] = POOL[0, 0, 6, 5] = NAN
+POOL[0, 1, 1, 1] = POOL[0, 1, 3, 3] = NAN
+POOL[0, 1, 5, 5] = INF
+POOL[0, 1, 6, 0] = -INF
+
+
+@pytest.mark.parametrize("attributes", [
+    {"kernel_shape": [2, 2]},
+    {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [2, 2], "strides": [2, 2]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "ceil_mode": 1},
+    {"kernel_shape": [2, 2], "dilations": [2, 2]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 0, 0]},
+    {"kernel_shape": [2, 2], "strides": [2, 2], "pads": [0, 0, 1, 1]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+], ids=lambda a: ",".join(f"{k}={v}" for k, v in a.items()))
+def test_max_pool_skips_nan_as_the_reference_does(attributes):
+    """The reference keeps the numbers of a window and skips its NaN; with strides or dilations
+    (its loop) it keeps a NaN that is the first element of the window inside the input."""
+    m = model([helper.make_node("MaxPool", ["x"], ["y"], **attributes)], ["y"], inputs=("x",), shape=POOL.shape)
+    check(m, {"x": POOL})
+
+
+def test_max_pool_of_a_window_of_nan_only_is_nan():
+    """Where the reference (without strides) has no number to take, the result is NaN; numbers beside it are kept."""
+    x = np.full((1, 1, 4, 4), NAN, np.float32)
+    x[0, 0, 3, 3], x[0, 0, 0, 3] = 5, -INF
+    m = model([helper.make_node("MaxPool", ["x"], ["y"], kernel_shape=[2, 2])], ["y"], inputs=("x",), shape=x.shape)
+    (got,) = backend.prepare(m, "CPU").run([x])
+    want = np.full((1, 1, 3, 3), NAN, np.float32)
+    want[0, 0, 2, 2], want[0, 0, 0, 2] = 5, -INF
+    np.testing.assert_array_equal(got, want)
