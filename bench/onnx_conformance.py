@@ -52,6 +52,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from portkern.errors import brief
 from portkern.examples import onnx_conformance as conf
 
 SIDES = ("portkern", "iree")
@@ -72,12 +73,12 @@ def iree_direct(case: conf.Case, work: Path) -> conf.Outcome:
     try:  # `iree-import-onnx model.onnx --opset-version 17 -o model.mlir`, without a process start
         import_onnx.main(import_onnx.parse_arguments([str(model), "--opset-version", "17", "-o", str(mlir)]))
     except Exception as exc:  # noqa: BLE001 - the importer raises whatever its steps raise
-        return conf.Outcome(conf.REFUSED, f"{type(exc).__name__}: {' '.join(str(exc).split())[:400]}")
+        return conf.Outcome(conf.REFUSED, f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=400)}")
     compile_cmd = [find_tool("iree-compile"), *IREE_COMPILE_FLAGS, str(mlir), "-o", str(vmfb)]  # the binary the script runs
     done = subprocess.run(compile_cmd, capture_output=True, text=True)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if "error" in line.lower()] or done.stderr.splitlines()[-1:]
-        return conf.Outcome(conf.FINALIZE, " ".join((lines[0] if lines else "no message").split())[:400])
+        return conf.Outcome(conf.FINALIZE, brief(lines[0] if lines else "no message", lines=None, sep=" ", limit=400))
     try:
         config = rt.Config("local-task")
         context = rt.SystemContext(config=config)
@@ -86,7 +87,7 @@ def iree_direct(case: conf.Case, work: Path) -> conf.Outcome:
         function = context.modules[module.name][case.model.graph.name]
         results = function(*case.inputs)
     except Exception as exc:  # noqa: BLE001 - the runtime's errors are RuntimeError/ValueError/KeyError/TypeError
-        return conf.Outcome(conf.RUN, f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        return conf.Outcome(conf.RUN, f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=300)}")
     if results is None:
         results = ()
     elif not isinstance(results, (tuple, list)):

@@ -32,7 +32,7 @@ from pathlib import Path
 import portkern
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.errors import PortkernError
+from portkern.errors import PortkernError, brief
 from portkern.examples import MANIFEST, onnx_models
 from portkern.jit import devices
 from portkern.portable.builder import build_file
@@ -71,7 +71,7 @@ def bundles(suite: str, count: int | None, seed: int, work: Path):
             build_file(onnx_models.manifest([model], where, model.name), path)
             yield model.name, path, ""
         except PortkernError as exc:
-            yield model.name, None, f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+            yield model.name, None, f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=160)}"
 
 
 def main() -> int:
@@ -101,7 +101,7 @@ def main() -> int:
                 try:
                     loaded = portkern.load(path, store=store)
                 except PortkernError as exc:
-                    unbuilt[name] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}"
+                    unbuilt[name] = f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=160)}"
                     continue
                 built += 1
                 spaces += sweep_spaces(loaded, target, cores())

@@ -38,8 +38,9 @@ import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
+from portkern import settings
 from portkern.cache import index, readonly, repair
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
 from portkern.cache.device import DeviceFingerprint
@@ -47,9 +48,10 @@ from portkern.cache.entry import CorruptRecordError, Entry
 from portkern.cache.hits import HitLog, Pending
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
-from portkern.cache.remote import RemoteCache
-from portkern.cache.remote import from_env as remote_from_env
 from portkern.cache.repair import Finding
+
+if TYPE_CHECKING:
+    from portkern.cache.remote import RemoteCache
 
 __all__ = ["CacheWarning", "Entry", "Filter", "Finding", "Store", "default_store", "matches_device", "UNUSABLE"]
 
@@ -822,6 +824,16 @@ def _flush_at_exit() -> None:
 
 
 _default: Store | None = None
+
+
+def remote_from_env() -> RemoteCache | None:
+    """The remote tier the settings name (`cache.remote.from_env`), or None; its module (a Redis
+    client, signatures) is loaded only when one is named."""
+    if not settings.remote_url():
+        return None
+    from portkern.cache.remote import from_env
+
+    return from_env()
 
 
 def default_store() -> Store:

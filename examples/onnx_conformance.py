@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from portkern import onnx as backend
-from portkern.errors import BuildError, FinalizeError, PortkernError
+from portkern.errors import BuildError, FinalizeError, PortkernError, brief
 from portkern.examples import onnx_models
 
 #: Outcomes of one case on one side, in the order they are reported.
@@ -237,4 +237,4 @@ def run_portkern(case: Case, **options) -> Sequence:
 
 
 def _line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:400]
+    return brief(exc, lines=None, sep=" ", limit=400)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
@@ -11,8 +11,10 @@ from portkern.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecErr
 from portkern.jit.tensors import as_array, is_tensor
 from portkern.portable.bundle import Signature
 from portkern.portable.dtypes import numpy_dtype
-from portkern.portable.expr import Expr
-from portkern.portable.launch import Launch
+
+if TYPE_CHECKING:  # OpenCL launch descriptions: loaded with the OpenCL kernels that have them
+    from portkern.portable.expr import Expr
+    from portkern.portable.launch import Launch
 
 
 def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:

@@ -18,11 +18,13 @@ from __future__ import annotations
 import atexit
 import os
 import threading
-from typing import Callable, Generic, TypeVar
+from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
 from portkern.cache.config import env_flag
 from portkern.errors import FinalizeError, PortkernError
-from portkern.jit.workers import Pool
+
+if TYPE_CHECKING:  # the worker pool's module is loaded when something compiles
+    from portkern.jit.workers import Pool
 
 ENV = "PORTKERN_BACKGROUND"
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from portkern.errors import PortkernError
 
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, TensorSpec
-from portkern.jit.workers import Job, Pool
 from portkern.portable.contract import ShapeContract
+
+if TYPE_CHECKING:
+    from portkern.jit.workers import Pool
 
 #: What the tuning DB holds per kernel and target: {"buckets": {label: BucketRecord.to_dict()}}.
 INDEX_SUFFIX = " buckets"
@@ -114,6 +116,7 @@ def specialised_record(record: KernelRecord, values: Mapping[str, int], blob: st
 
 def specialised_bundle(bundle: Bundle, record: KernelRecord, values: Mapping[str, int], pool: Pool) -> tuple[Bundle, KernelRecord]:
     """The bundle with a kernel specialised to `values` (by a worker of `pool`) added, and that kernel's record."""
+    from portkern.jit.workers import Job
     from portkern.portable.bundle import sha256
 
     contract = record.signature.contract

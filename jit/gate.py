@@ -28,7 +28,6 @@ both ways on a kernel's own calls and keeps the one that made more calls a secon
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 from collections import deque
@@ -225,6 +224,8 @@ def handoff_s() -> float:
             pong.acquire()
             trips.append(time.perf_counter() - start)
         thread.join()
+        import statistics
+
         _handoff.append(statistics.median(trips) / 2)
     return _handoff[0]
 

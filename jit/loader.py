@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from portkern import schemas, signing
+from portkern import schemas, settings
 from portkern.cache.keys import validated_key
 from portkern.cache.store import UNUSABLE, CacheWarning, Store, default_store
-from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError
+from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError, brief
 from portkern.jit import background, buckets, devices
 from portkern.jit.args import check_arguments, exact_arguments, static_inputs
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
@@ -67,12 +67,14 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
 
 
 def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
-    """Under `PORTKERN_REQUIRE_SIGNATURE`, refuse a bundle that carries prebuilt native code
-    unless `data` (its bytes as read) is signed by a trusted key."""
-    policy = signing.from_env()
-    if policy.required and any(record.native for record in bundle.kernels):
-        verdict = signing.verify_file(path, data if bundle.parameters is None else None, policy.trusted)
-        signing.require_trusted(verdict, f"{path}: refused (it carries prebuilt native code and {signing.REQUIRE_ENV}=1)")
+    """Refuse a bundle whose signature does not verify with a trusted key (when trusted keys
+    are configured), and an unsigned one under `PORTKERN_REQUIRE_SIGNATURE`, whether it
+    carries prebuilt native code or only code to compile here; `data`: its bytes as read."""
+    if not (settings.trusted_keys_file() or settings.require_signature() or settings.role()):
+        return  # no trusted key, nothing required (the policy `signing.from_env` would give checks nothing)
+    from portkern import signing
+
+    signing.from_env().check_bundle(path, data if bundle.parameters is None else None)
 
 
 class LoadedBundle(NativeCode):
@@ -80,6 +82,10 @@ class LoadedBundle(NativeCode):
 
     def __init__(self, bundle: Bundle, path: Path, store: Store | None = None) -> None:
         super().__init__(bundle, store if store is not None else default_store(), path=path)
+        #: Loaded code by (kernel, driver, cache key): the native bytes and their executable (held
+        #: weakly: only kernels keep code loaded), so asking again for a kernel whose code is
+        #: unchanged while one is still held does not load it into IREE again.
+        self._loaded: dict[tuple[str, str, str], tuple[bytes, weakref.ref]] = {}
 
     @property
     def name(self) -> str:
@@ -237,7 +243,7 @@ class LoadedBundle(NativeCode):
 
     def _set_aside(self, record: KernelRecord, target: Target, config: str, error: Exception) -> None:
         """Warn that a stored config does not build, and mark its record so it is not used again."""
-        reason = " ".join(str(error).split())[:300]
+        reason = brief(error, lines=None, sep=" ", limit=300)
         warnings.warn(
             f"stored tuning config {config[:80]!r} of {record.name!r} on {target.label} does not build ({reason}); "
             "using the compiler's default and marking the stored result unusable",
@@ -250,7 +256,13 @@ class LoadedBundle(NativeCode):
             self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
 
     def _executable(self, record: KernelRecord, target: Target, native: Native):
-        return toolchain_for(record).executable(native.data, record, target, native.config, self.parameters_for(record))
+        memo = (record.name, target.driver, native.key)
+        known = self._loaded.get(memo)
+        executable = known[1]() if known is not None and known[0] == native.data else None
+        if executable is None:
+            executable = toolchain_for(record).executable(native.data, record, target, native.config, self.parameters_for(record))
+            self._loaded[memo] = (native.data, weakref.ref(executable))
+        return executable
 
 
 class Kernel:

@@ -14,23 +14,25 @@ import warnings
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Filter, Store
 from portkern.errors import BundleError, DeviceError, FinalizeError, PortkernError
-from portkern.jit import cpu, opencl_native
-from portkern.jit.codeobject import check as check_code
-from portkern.jit.codeobject import problem as code_problem
+from portkern.jit import cpu
 from portkern.jit.parameters import KernelParameters, MappedSection
 from portkern.jit.target import Target
 from portkern.jit.toolchain import OPENCL, toolchain_for
-from portkern.jit.workers import Job, Pool, Result, Source, shared_pool
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.source import describe, fitted_phase
 
+if TYPE_CHECKING:  # the worker pool is loaded when something is compiled (a warm process never needs it)
+    from portkern.jit.workers import Job, Pool, Result, Source
+
 DEFAULT_CONFIG = "default"
+#: The device kinds whose code objects `jit.codeobject` reads (other code is not inspected).
+CODE_OBJECT_KINDS = ("amdgpu", "cuda")
 #: Called as each kernel of a batch is done: (kernels done, kernels in the batch, the plan).
 Progress = Callable[[int, int, "Plan"], None]
 
@@ -82,6 +84,15 @@ class Plan:
         return replace(self, config=config)
 
 
+def code_problem(data: bytes, fingerprint: DeviceFingerprint) -> str | None:
+    """Why `data` is not native code for this GPU (`jit.codeobject.problem`); None for other devices' code."""
+    if fingerprint.kind not in CODE_OBJECT_KINDS:
+        return None
+    from portkern.jit.codeobject import problem
+
+    return problem(data, fingerprint)
+
+
 def check_toolchain(record: KernelRecord, target: Target) -> None:
     """Refuse an OpenCL kernel on an IREE device and an IREE kernel on an OpenCL device."""
     if not toolchain_for(record).accepts(target):
@@ -124,7 +135,11 @@ class NativeCode:
     @property
     def pool(self) -> Pool:
         """The worker pool that compiles for this bundle (the process's shared one by default)."""
-        return self._pool if self._pool is not None else shared_pool()
+        if self._pool is not None:
+            return self._pool
+        from portkern.jit.workers import shared_pool
+
+        return shared_pool()
 
     def parameters_for(self, record: KernelRecord) -> KernelParameters | None:
         """The kernel's parameters, mapped from the bundle file and checked (None: it has none)."""
@@ -180,7 +195,7 @@ class NativeCode:
             for hex_key, index in cold:
                 plan = plans[index]
                 locks.enter_context(self.store.lock(hex_key))
-                fleet_wide = locks.enter_context(remote.lock(hex_key)) if remote is not None else False
+                fleet_wide = locks.enter_context(remote.lock(hex_key, plan.name)) if remote is not None else False
                 outcome = (self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan)
                            or self._named_cpu(plan, baselines))
                 if outcome is None:
@@ -265,16 +280,23 @@ class NativeCode:
 
     def source(self, plan: Plan) -> Source:
         """The plan's stage as the workers read it."""
+        from portkern.jit.workers import Source
+
         return Source(plan.stage.blob, self.bundle.blob(plan.stage.blob), fitted_phase(plan.stage), plan.stage.to_dict())
 
     def opencl_job(self, index: int, plan: Plan) -> Job:
         """The worker job that builds an OpenCL kernel's program for the plan's config
         (carrying only that variant's stages)."""
+        from portkern.jit import opencl_native
+        from portkern.jit.workers import Job
+
         blobs = opencl_native.variant_blobs(self.bundle.blobs, plan.record, plan.target, plan.config)
         return Job.opencl(index, plan.name, plan.target, plan.record.to_dict(), blobs, plan.config)
 
     def analyse(self, plan: Plan) -> Analysis:
         """The kernel lowered to `executable-configurations` by a worker, and its dispatches."""
+        from portkern.jit.workers import Job
+
         toolchain_for(plan.record).check(plan.stage, plan.name)
         result = self.pool.run([Job.analyse(0, plan.name, plan.target, self.source(plan))], workers=1)[0]
         if not result.ok:
@@ -360,6 +382,8 @@ class NativeCode:
         toolchain.check(plan.stage, plan.name)
         if toolchain is OPENCL:
             return self.opencl_job(index, plan)
+        from portkern.jit.workers import Job
+
         return Job.compile(index, plan.name, plan.target, self.source(plan), plan.config)
 
     def _store(self, plan: Plan, result: Result) -> Native | PortkernError:
@@ -368,6 +392,8 @@ class NativeCode:
         data = result.data.get("native")
         if not isinstance(data, bytes) or not data:
             return FinalizeError(f"finalising {plan.name!r} for {plan.target.label} gave no native code")
+        from portkern.jit.codeobject import check as check_code
+
         try:
             check_code(data, plan.target.fingerprint)
         except PortkernError as exc:

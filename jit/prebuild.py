@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from portkern.errors import DeviceError, PortkernError
+from portkern.errors import DeviceError, PortkernError, brief
 from portkern.jit.finalize import finalize
 from portkern.jit.target import Target
 from portkern.jit.toolchain import IREE
@@ -59,7 +59,7 @@ def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | Non
                     raise DeviceError(f"{target.label} runs OpenCL kernels; {record.kind} kernels are prebuilt for IREE targets")
                 data = finalize(bundle, record, target)
             except PortkernError as exc:
-                failures.append(Failure(record.name, target.label, f"{type(exc).__name__}: {' '.join(str(exc).split())}"))
+                failures.append(Failure(record.name, target.label, f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=None)}"))
                 continue
             blobs[sha256(data)] = data
             native[target.label] = NativeArtifact(target.label, "vmfb", sha256(data), len(data), target.fingerprint.to_dict())

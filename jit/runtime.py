@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from portkern.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError
+from portkern.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError, brief
 from portkern.jit.gate import TURNS, Choice, Gate, Turns, choose
 from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
 from portkern.portable.interpreter import gil_enabled
@@ -191,7 +191,7 @@ def runtime_config(driver: str):
                 process.configs[driver] = rt.Config(device=_binding.create_hal_driver(driver).create_default_device())
             except (RuntimeError, ValueError) as exc:
                 # rt.Config hides the driver's own message in __cause__.
-                cause = " ".join(str(exc.__cause__ or exc).split())
+                cause = brief(exc.__cause__ or exc, lines=None, sep=" ", limit=None)
                 raise DeviceError(f"IREE runtime driver {driver!r} is not usable here: {cause[:500]}") from None
         return process.configs[driver]
 

@@ -213,7 +213,7 @@ def _bound_memory(limit: int) -> None:
 
 def run_job(state: _State, job: dict) -> dict:
     """One job's result message; errors are reported by type name, never raised."""
-    from portkern.errors import PortkernError
+    from portkern.errors import PortkernError, brief
 
     result: dict[str, Any] = {"id": job.get("id"), "ok": False, "error": "", "error_type": ""}
     handler = _KINDS.get(job.get("kind", ""))
@@ -225,7 +225,7 @@ def run_job(state: _State, job: dict) -> dict:
         result.update(handler(state, job))
         result["ok"] = True
     except PortkernError as exc:
-        result.update(error=" ".join(str(exc).split())[:2000], error_type=type(exc).__name__)
+        result.update(error=brief(exc, lines=None, sep=" ", limit=2000), error_type=type(exc).__name__)
     except Exception as exc:  # noqa: BLE001 - the bindings raise plain RuntimeError on hostile input
         result.update(_unexpected(exc))
     finally:
@@ -238,8 +238,10 @@ def _unexpected(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         # under the address-space bound, an allocation refused anywhere (a library's own, an import) is out of memory
         return {"error": "out of memory", "error_type": "MemoryError"}
+    from portkern.errors import brief
+
     # the compiler's state is not to be trusted after this: the parent replaces the worker
-    return {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:1000]}", "error_type": "", "retire": True}
+    return {"error": f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=1000)}", "error_type": "", "retire": True}
 
 
 def main() -> int:
@@ -247,6 +249,10 @@ def main() -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     requests = sys.stdin.buffer
     import iree.compiler.api  # noqa: F401  (ready means the compiler is loaded)
+    # and the modules every job uses: imported here, not under a job's memory bound
+    import portkern.cache.device  # noqa: F401
+    import portkern.jit.finalize  # noqa: F401
+    import portkern.jit.target  # noqa: F401
 
     state = _State()
     write_frame(channel, {"ready": os.getpid()})

@@ -4,11 +4,11 @@ Finalisation and tuning both hand their compiler work to this pool. Each
 worker is a persistent Python process (`portkern.jit.worker`) with the
 compiler already imported; the parent hands one job at a time to each idle
 worker and waits on their pipes with a per-job deadline. Every job runs
-under two bounds read from the environment when it is handed out:
+under two bounds read from the settings (`portkern.settings`) when it is handed out:
 
-- `PORTKERN_COMPILE_TIMEOUT`: wall time in seconds (default 120);
-- `PORTKERN_COMPILE_MEMORY`: address space of the worker in bytes, with an
-  optional K, M or G suffix (default 8G; 0 for none).
+- `PORTKERN_COMPILE_TIMEOUT`: wall time, a duration (default 120 s);
+- `PORTKERN_COMPILE_MEMORY`: address space of the worker, a size such as `4GiB`
+  (default 8 GiB; 0 for none).
 
 A worker that dies (segfault, abort, out of memory) or overruns is killed,
 its job is reported as "crash", "oom" or "timeout", and a fresh worker takes
@@ -36,52 +36,30 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
-from portkern import errors
+from portkern import errors, settings
 from portkern.cache import scratch
 from portkern.errors import FinalizeError, PortkernError, brief
 from portkern.jit.target import Target
 from portkern.jit.worker import read_frame, write_frame
 
-TIMEOUT_ENV = "PORTKERN_COMPILE_TIMEOUT"
-MEMORY_ENV = "PORTKERN_COMPILE_MEMORY"
-DEFAULT_TIMEOUT_S = 120.0
-DEFAULT_MEMORY = 8 << 30
+TIMEOUT_ENV = settings.COMPILE_TIMEOUT
+MEMORY_ENV = settings.COMPILE_MEMORY
 #: A worker is replaced after this many jobs (insurance against leaks in the compiler).
 RECYCLE_AFTER = 200
 #: Give up when this many workers in a row die before they are ready.
 MAX_START_FAILURES = 3
 #: Longest a worker may take to start (import the compiler).
 START_TIMEOUT_S = 120.0
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
 
 def timeout_s() -> float:
-    """The per-job wall-time bound now in force."""
-    text = os.environ.get(TIMEOUT_ENV, "").strip()
-    if not text:
-        return DEFAULT_TIMEOUT_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise FinalizeError(f"{TIMEOUT_ENV}={text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise FinalizeError(f"{TIMEOUT_ENV}={text!r} must be more than 0 seconds")
-    return value
+    """The per-job wall-time bound now in force (`portkern.settings.compile_timeout_s`)."""
+    return settings.compile_timeout_s()
 
 
 def memory_bytes() -> int:
-    """The per-job address-space bound now in force (0: none)."""
-    text = os.environ.get(MEMORY_ENV, "").strip().upper().removesuffix("B").removesuffix("I")
-    if not text:
-        return DEFAULT_MEMORY
-    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS and text[-1:] else (text, "")
-    try:
-        value = int(float(number) * _UNITS[unit])
-    except ValueError:
-        raise FinalizeError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} is not a size such as 4G or 4294967296") from None
-    if value < 0:
-        raise FinalizeError(f"{MEMORY_ENV}={os.environ[MEMORY_ENV]!r} must not be negative")
-    return value
+    """The per-job address-space bound now in force (0: none; `portkern.settings.compile_memory`)."""
+    return settings.compile_memory()
 
 
 def target_message(target: Target) -> dict:

@@ -8,7 +8,6 @@ whole reader, on the bytes it is about to publish.
 from __future__ import annotations
 
 from portkern.portable.bundle import Bundle, decode
-from portkern.portable.launch import launch_of
 from portkern.portable.producer import check_release
 
 
@@ -16,6 +15,8 @@ def check_kernels(bundle: Bundle) -> None:
     """Raise the typed error `portkern.load` would raise for any kernel of `bundle`."""
     for record in bundle.kernels:
         if any(stage.format == "spirv" for stage in record.stages):
+            from portkern.portable.launch import launch_of  # OpenCL kernels only
+
             launch_of(record)
         for stage in record.stages:
             if stage.format == "mlir-bytecode" and record.source_stage() is None:

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from portkern.errors import ArgumentShapeError, PortkernError, TuningError
+from portkern.errors import ArgumentShapeError, PortkernError, TuningError, brief
 from portkern.jit.buckets import BucketRecord, index_problem, read_index, specialised_bundle
 from portkern.portable.bundle import KernelRecord
 from portkern.tuner.measure import Bench, make_inputs
@@ -154,7 +154,7 @@ def _tune_bucket(loaded, record, target, strategy, values, label, tools, retune,
             vmfbs.append(compile_dynamic(loaded.bundle, record, target, tuned.config))
             bucket_compile_s = time.perf_counter() - started
         except PortkernError as exc:
-            note = f"the tuned config does not fit the dynamic module ({' '.join(str(exc).split())[:300]}); "
+            note = f"the tuned config does not fit the dynamic module ({brief(exc, lines=None, sep=' ', limit=300)}); "
     bench = Bench(record.entry, target.driver, make_inputs(special.signature), loaded.parameters_for(record))
     timings = [t.min_s for t in bench.interleaved([bench.load(v) for v in vmfbs])]
     dynamic_s, special_s = timings[0], timings[1]

@@ -18,7 +18,7 @@ import time
 from typing import Callable
 
 from portkern.cache.keys import tuning_key
-from portkern.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError
+from portkern.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError, brief
 from portkern.jit.finalize import CONFIGURED_PHASE, MODULE_OPTIONS, OPTION_DRIVERS
 from portkern.jit.native import NativeCode, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
@@ -217,7 +217,7 @@ class _Run:
             try:
                 analysed = self.natives.analyse(plan)
             except PortkernError as exc:
-                self.options_note = f"module option {option} not tried: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                self.options_note = f"module option {option} not tried: {type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=200)}"
                 continue
             code = analysed.configured
             self.candidates.add_variant((option,), plan.target, Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE))

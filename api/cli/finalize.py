@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, console, human_size, store_from, table
-from portkern.errors import PortkernError, UsageError
+from portkern.errors import PortkernError, UsageError, brief
 
 
 def register(sub) -> None:
@@ -64,7 +64,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
         for name, native in outcomes.items():
             row = {"kernel": name, "target": target.label, "fingerprint": target.fingerprint.digest()}
             if isinstance(native, PortkernError):
-                rows.append({**row, "ok": False, "error": f"{type(native).__name__}: {' '.join(str(native).split())}"})
+                rows.append({**row, "ok": False, "error": f"{type(native).__name__}: {brief(native, lines=None, sep=' ', limit=None)}"})
                 continue
             rows.append(
                 {

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, console, store_from, table
-from portkern.errors import DispatchTuningError, PortkernError, TuningError
+from portkern.errors import DispatchTuningError, PortkernError, TuningError, brief
 
 
 def register(sub) -> None:
@@ -152,7 +152,7 @@ def _error(kernel: str, exc: PortkernError) -> dict:
         "kernel": kernel,
         "dispatch": exc.dispatch if isinstance(exc, DispatchTuningError) else None,
         "type": type(exc).__name__,
-        "message": " ".join((exc.reason if isinstance(exc, DispatchTuningError) else str(exc)).split()),
+        "message": brief(exc.reason if isinstance(exc, DispatchTuningError) else exc, lines=None, sep=" ", limit=None),
     }
 
 
