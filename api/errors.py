@@ -122,6 +122,10 @@ class FinalizeError(CompileError):
     """Compiling a portable stage to native code failed on the device."""
 
 
+class CompileForbiddenError(FinalizeError):
+    """A kernel has no native code here and compiling is turned off (`PORTKERN_COMPILE=never`)."""
+
+
 class CodeObjectError(FinalizeError):
     """Native code does not hold device code for the GPU it is meant for."""
 

@@ -7,6 +7,7 @@
 | `PORTKERN_CACHE_MAXSIZE` | size budget of the cache | `1GiB` | at most `1EiB`; below `1KiB` (one entry) nothing is kept, and it warns |
 | `PORTKERN_COMPILE_TIMEOUT` | wall time of one compile job | `120s` | more than 0, at most `7d` |
 | `PORTKERN_COMPILE_MEMORY` | address space of a compile worker (`0`: none) | `8GiB` | at most `1PiB` |
+| `PORTKERN_COMPILE` | `auto`: compile what has no native code here; `never`: a typed error instead (`CompileForbiddenError`) | `auto` | |
 | `PORTKERN_BACKGROUND` | serve baseline code while the exact code is built | on | |
 | `PORTKERN_REMOTE_CACHE` | `redis://` URL of the remote tier | none | |
 | `PORTKERN_REMOTE_MAX_VALUE` | largest value written to or read from Redis | `64MiB` | at least 1 byte, at most `512MiB` (Redis's limit) |
@@ -49,6 +50,7 @@ CACHE_DISABLE = "PORTKERN_CACHE_DISABLE"
 CACHE_MAXSIZE = "PORTKERN_CACHE_MAXSIZE"
 COMPILE_TIMEOUT = "PORTKERN_COMPILE_TIMEOUT"
 COMPILE_MEMORY = "PORTKERN_COMPILE_MEMORY"
+COMPILE = "PORTKERN_COMPILE"
 BACKGROUND = "PORTKERN_BACKGROUND"
 REMOTE_CACHE = "PORTKERN_REMOTE_CACHE"
 REMOTE_MAX_VALUE = "PORTKERN_REMOTE_MAX_VALUE"
@@ -66,6 +68,8 @@ SMALLEST_ENTRY = 1 << 10
 DEFAULT_COMPILE_TIMEOUT_S = 120.0
 LARGEST_COMPILE_TIMEOUT_S = 7 * 86400.0
 DEFAULT_COMPILE_MEMORY = 8 << 30
+#: `PORTKERN_COMPILE` values: compile what has no native code here (the default), or never compile.
+COMPILE_AUTO, COMPILE_NEVER = "auto", "never"
 #: Larger than any address space a 64-bit kernel gives a process today.
 LARGEST_COMPILE_MEMORY = 1 << 50
 DEFAULT_REMOTE_MAX_VALUE = 64 << 20
@@ -232,6 +236,19 @@ def compile_timeout_s() -> float:
 def compile_memory() -> int:
     """`PORTKERN_COMPILE_MEMORY`: the address-space bound of a compile worker in bytes (0: none)."""
     return _size_setting(COMPILE_MEMORY, DEFAULT_COMPILE_MEMORY, LARGEST_COMPILE_MEMORY)
+
+
+def compile_mode() -> str:
+    """`PORTKERN_COMPILE`: `auto` (compile a kernel that has no native code here) or `never`
+    (refuse instead); any case. Another value is one warning and `auto`."""
+    raw = _raw(COMPILE)
+    value = raw.strip().lower()
+    if not value:
+        return COMPILE_AUTO
+    if value in (COMPILE_AUTO, COMPILE_NEVER):
+        return value
+    warn(COMPILE, raw, f"is not {COMPILE_AUTO!r} or {COMPILE_NEVER!r}; using the default ({COMPILE_AUTO})")
+    return COMPILE_AUTO
 
 
 def background() -> bool:

@@ -47,8 +47,10 @@ class TransferReport:
     signature: signing.Verdict | None = None
     #: Native code was imported without a trusted signature because the caller allowed it.
     unsigned_allowed: bool = False
-    #: The signature file an export wrote.
+    #: The signature file an export wrote (`false` in `to_dict` when the export is not signed).
     signed: str | None = None
+    #: How an unsigned export will be received where it is imported (None: signed, or no native code).
+    note: str | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -60,7 +62,8 @@ class TransferReport:
             "rejected": self.rejected,
             "signature": self.signature.to_dict() if self.signature else None,
             "unsigned_allowed": self.unsigned_allowed,
-            "signed": self.signed,
+            "signed": self.signed or False,
+            "note": self.note,
         }
 
 
@@ -103,6 +106,13 @@ def export(
         report.signed = str(signing.sign_file(path, sign_with))
     else:
         signing.signature_path(path).unlink(missing_ok=True)  # a signature of an earlier file would not match
+        if entries:
+            report.note = (
+                f"not signed (no --sign KEY, no {signing.SIGNING_KEY_ENV}): `portkern cache import` refuses its "
+                f"{len(entries)} native-code entries unless given --allow-unsigned; its tuning results import either way. "
+                f"Sign it on the publisher (--sign KEY or {signing.SIGNING_KEY_ENV}) for devices that trust that key "
+                f"({signing.TRUSTED_KEYS_ENV})"
+            )
     return report
 
 

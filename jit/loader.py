@@ -13,7 +13,7 @@ import numpy as np
 from portkern import schemas, settings
 from portkern.cache.keys import validated_key
 from portkern.cache.store import UNUSABLE, CacheWarning, Store, default_store
-from portkern.errors import DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError, brief
+from portkern.errors import CompileForbiddenError, DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError, brief
 from portkern.jit import background, buckets, devices
 from portkern.jit.args import check_arguments, exact_arguments, static_inputs
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
@@ -164,7 +164,7 @@ class LoadedBundle(NativeCode):
             plan = self.plan(record, target, config)  # a config with module options needs a source stage
             native = self.obtain(plan, baselines)
         except (FinalizeError, PerfConfigError) as exc:
-            if config == DEFAULT_CONFIG:
+            if config == DEFAULT_CONFIG or isinstance(exc, CompileForbiddenError):  # a policy, not a config that fails
                 raise
             self._set_aside(record, target, config, exc)
             tuning, plan = None, self.plan(record, target)

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
+from portkern import settings
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Filter, Store
-from portkern.errors import BundleError, DeviceError, FinalizeError, PortkernError
+from portkern.errors import BundleError, CompileForbiddenError, DeviceError, FinalizeError, PortkernError
 from portkern.jit import cpu
 from portkern.jit.parameters import KernelParameters, MappedSection
 from portkern.jit.target import Target
@@ -236,6 +237,12 @@ class NativeCode:
             return None
         return Native(hit[0], plan.hex, plan.config, "cache", hit[1].finalize_s, plan.target.label)
 
+    def available(self, plan: Plan) -> Native | None:
+        """Native code this machine already has for a plan: the local cache, the bundle's prebuilt
+        code, or code for a CPU model this host runs (origin "baseline" when it is below this
+        host's); None when it would be compiled. Compiles nothing and asks no remote tier."""
+        return self.cached(plan, count=False) or self._prebuilt(plan) or self._named_cpu(plan)
+
     def evict(self, plan: Plan) -> None:
         """Drop the plan's cache entry (it does not load)."""
         self.store.delete(plan.hex)
@@ -378,6 +385,13 @@ class NativeCode:
         return None
 
     def _job(self, index: int, plan: Plan) -> Job:
+        if settings.compile_mode() == settings.COMPILE_NEVER:
+            config = "" if plan.config == DEFAULT_CONFIG else f" (config {plan.config[:80]!r})"
+            raise CompileForbiddenError(
+                f"{plan.name!r} has no native code for {plan.target.label}{config} here, and compiling is turned off "
+                f"({settings.COMPILE}={settings.COMPILE_NEVER}): finalise it ahead of time "
+                f"(`portkern finalize BUNDLE --target {plan.target.label}`) or import its code (`portkern cache import`)"
+            )
         toolchain = toolchain_for(plan.record)
         toolchain.check(plan.stage, plan.name)
         if toolchain is OPENCL:

@@ -19,7 +19,7 @@ def _private_cache(tmp_path_factory):
     mp.delenv("PORTKERN_CACHE_DISABLE", raising=False)
     mp.delenv("PORTKERN_CACHE_MAXSIZE", raising=False)
     for name in ("PORTKERN_REMOTE_CACHE", "PORTKERN_TRUSTED_KEYS", "PORTKERN_REQUIRE_SIGNATURE", "PORTKERN_SIGNING_KEY",
-                 "PORTKERN_ROLE", "PORTKERN_REMOTE_LOCK_S"):
+                 "PORTKERN_ROLE", "PORTKERN_REMOTE_LOCK_S", "PORTKERN_COMPILE"):
         mp.delenv(name, raising=False)  # a fleet set up on this machine must not reach the tests
     yield
     mp.undo()

@@ -121,3 +121,37 @@ def test_finalize_export_is_signed_and_imports_where_the_signer_is_trusted(examp
     monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
     status, report = import_json(capsys, path, tmp_path / "device")
     assert status == 0 and report["entries"] == 1 and report["signature"]["key_label"] == "build farm"
+
+
+def test_an_unsigned_export_says_how_it_will_be_received(exported, tmp_path, capsys, monkeypatch, keys):
+    monkeypatch.delenv("PORTKERN_SIGNING_KEY", raising=False)
+    path = tmp_path / "unsigned.pkcx"
+    assert main(["cache", "export", str(path), "--cache-dir", str(tmp_path / "farm")]) == 0
+    shown = capsys.readouterr().out
+    assert "note: not signed" in shown and "refuses its 2 native-code entries unless given --allow-unsigned" in shown
+    assert main(["cache", "export", str(path), "--cache-dir", str(tmp_path / "farm"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["signed"] is False and report["entries"] == 2 and "--allow-unsigned" in report["note"]
+    assert not signing.signature_path(path).exists()
+    monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted.pub"))
+    status, imported = import_json(capsys, path, tmp_path / "device")  # received as the note says
+    assert status == 1 and imported["entries"] == 0 and len(imported["rejected"]) == 2 and imported["records"] == 1
+
+
+def test_an_export_signed_with_the_configured_key_imports_under_require(exported, examples_bundle, keys, tmp_path, capsys, monkeypatch, rng):
+    monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
+    path = tmp_path / "signed.pkcx"
+    assert main(["cache", "export", str(path), "--cache-dir", str(tmp_path / "farm"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["signed"] == str(signing.signature_path(path)) and report["note"] is None
+    monkeypatch.delenv("PORTKERN_SIGNING_KEY")
+    monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
+    monkeypatch.setenv("PORTKERN_REQUIRE_SIGNATURE", "1")
+    status, imported = import_json(capsys, path, tmp_path / "device")
+    assert status == 0 and imported["entries"] == 2 and imported["rejected"] == [] and imported["signature"]["key_label"] == "build farm"
+    monkeypatch.delenv("PORTKERN_REQUIRE_SIGNATURE")  # the examples bundle itself is not signed
+    kernel = portkern.load(examples_bundle, store=Store(CacheConfig(tmp_path / "device" / "v1", 1 << 30, False))).kernel("gemm_bias_relu")
+    assert kernel.origin == "cache"
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)

@@ -110,6 +110,7 @@ def test_every_bounded_setting_clamps_with_one_warning(monkeypatch, name, value,
      (settings.REMOTE_TIMEOUT, "fast", settings.remote_timeout_s, settings.DEFAULT_REMOTE_TIMEOUT_S),
      (settings.REMOTE_LOCK_S, "-3", settings.remote_lock_s, settings.DEFAULT_REMOTE_LOCK_S),
      (settings.BACKGROUND, "maybe", settings.background, True),
+     (settings.COMPILE, "sometimes", settings.compile_mode, settings.COMPILE_AUTO),
      (settings.CACHE_DISABLE, "perhaps", lambda: from_env().disabled, False)],
 )
 def test_a_bad_value_is_one_warning_and_the_default(monkeypatch, name, value, read, default):

@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 from portkern.errors import PortkernError, UsageError, brief
 
-#: Version of the `--json` output of `build`, `finalize`, `run` and `tune` (its `json_format` field);
+#: Version of the `--json` output of `build`, `check`, `finalize`, `run` and `tune` (its `json_format` field);
 #: raised when a field changes meaning or goes away.
 JSON_FORMAT = 1
 

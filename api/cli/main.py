@@ -19,6 +19,7 @@ COMMANDS = (
     "portkern.cli.cache",
     "portkern.cli.demo",
     "portkern.cli.finalize",
+    "portkern.cli.check",
     "portkern.cli.tune",
     "portkern.cli.keys",
 )
