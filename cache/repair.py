@@ -24,11 +24,14 @@ DATABASE_FILES = (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm")
 #: Databases that could not be opened are renamed to `cache.db.damaged-<time>-<pid>`.
 DAMAGED = f"{DATABASE}.damaged-"
 LOCKS = "locks"
+#: Bundles `portkern.onnx.prepare` built, kept for the same model (`<digest>.pkb`): not the database's.
+BUNDLES = "bundles"
 
 
 @dataclass
 class Finding:
-    """One inconsistency `verify` found and removed (or repaired)."""
+    """One inconsistency `verify` found and removed (or repaired), or, when `fixed` is false, what
+    it found but could not remove or could not check (a read-only or unusable directory)."""
 
     #: "entry", "record", "file", "lock" or "totals".
     kind: str
@@ -36,6 +39,7 @@ class Finding:
     name: str
     problem: str
     entry: Entry | None = None
+    fixed: bool = True
 
 
 def referenced_files(con: sqlite3.Connection) -> dict[str, str]:
@@ -53,7 +57,7 @@ def stray_files(directory: Path, referenced: set[str]) -> list[str]:
     stray = []
     for top in sorted(os.listdir(directory)):
         path = directory / top
-        if top in DATABASE_FILES or top.startswith(DAMAGED) or top == LOCKS:
+        if top in DATABASE_FILES or top.startswith(DAMAGED) or top in (LOCKS, BUNDLES):
             continue
         if path.is_dir() and not path.is_symlink() and _is_hex_dir(top):
             for root, dirs, files in os.walk(path, topdown=False):

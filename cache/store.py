@@ -15,8 +15,12 @@ Every artifact read re-hashes the bytes against the sha256 in its metadata; a
 mismatch, or a record that does not decode to its kind, evicts that entry (one
 warning) and reads as a miss. A database SQLite cannot read is moved aside to
 `cache.db.damaged-<time>-<pid>` and a fresh one started. Any other failure of
-the cache (unwritable directory, full disk) becomes one warning and the store
-carries on as if disabled: kernels never fail because of the cache.
+the cache becomes one warning and the store carries on without that directory,
+opening it again after `RETRY_FIRST` lookups, then after twice as many each
+time it still fails (at most `RETRY_MAX`): a directory cleared or replaced
+under a running process is used again once it is usable. A directory that can
+be read but not written (a full disk) keeps serving its entries: only writes
+are refused, with one warning. Kernels never fail because of the cache.
 
 Costs do not grow with the number of entries: a put updates the index and
 totals in its own transaction and evicts, when over budget, least recently
@@ -49,6 +53,7 @@ from portkern.cache.hits import HitLog, Pending
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
 from portkern.cache.repair import Finding
+from portkern.errors import CacheError
 
 if TYPE_CHECKING:
     from portkern.cache.remote import RemoteCache
@@ -63,6 +68,10 @@ UNUSABLE = "unusable"
 LOW_WATER = 0.9
 #: Entries written per transaction by `put_many`.
 BATCH = 500
+#: A directory that could not be opened (or only read) is tried again after this many lookups,
+#: then after twice as many each time it still fails, up to `RETRY_MAX`.
+RETRY_FIRST = 1
+RETRY_MAX = 64
 
 
 def damaged(exc: BaseException) -> bool:
@@ -118,10 +127,26 @@ class _Layer:
     broken: str | None = None
     moved_aside: bool = False
     read_only: bool = False
+    #: Why a directory this process may write is only read (its open for writing failed: a full disk).
+    refused: str | None = None
+    #: Failed opens in a row, and lookups left until the next try (0: none pending).
+    failures: int = 0
+    retry_in: int = 0
+    warned: bool = False
+    write_warned: bool = False
 
     @property
     def state(self) -> str:
         return "not usable" if self.broken else "read-only" if self.read_only else "writable"
+
+    @property
+    def problem(self) -> str | None:
+        return self.broken or self.refused
+
+    def back_off(self) -> None:
+        """Schedule the next open after a failed one."""
+        self.failures += 1
+        self.retry_in = min(RETRY_FIRST << min(self.failures - 1, 16), RETRY_MAX)
 
 
 class Store:
@@ -155,20 +180,24 @@ class Store:
         """Each directory in lookup order with its state: writable, read-only or not usable (and why)."""
         for layer in self._layers:
             self._open(layer)
-        return [{"directory": str(layer.directory), "state": layer.state, **({"problem": layer.broken} if layer.broken else {})}
+        return [{"directory": str(layer.directory), "state": layer.state, **({"problem": layer.problem} if layer.problem else {})}
                 for layer in self._layers]
 
     # --- plumbing -----------------------------------------------------------
 
     def _connect(self, layer: _Layer):
         layer.read_only = not readonly.writable(layer.directory)
+        layer.refused = None
         if layer.read_only:
             cache = readonly.ReadOnlyCache(layer.directory)
         else:
             import diskcache
 
             layer.directory.mkdir(parents=True, exist_ok=True)
-            cache = diskcache.Cache(str(layer.directory), eviction_policy="none", size_limit=1 << 62, statistics=0)
+            try:
+                cache = diskcache.Cache(str(layer.directory), eviction_policy="none", size_limit=1 << 62, statistics=0)
+            except (sqlite3.OperationalError, OSError) as exc:
+                cache = self._read_instead(layer, exc)
         try:
             con = cache._con  # diskcache's connection: the index shares its transactions
             if not index.installed(con):
@@ -183,7 +212,38 @@ class Store:
             raise
         return cache
 
+    def _read_instead(self, layer: _Layer, exc: BaseException):
+        """A directory that cannot be opened for writing (a full disk), opened to read its entries;
+        `exc` again when it cannot be read either."""
+        if not (layer.directory / repair.DATABASE).is_file():
+            raise exc
+        try:
+            cache = readonly.ReadOnlyCache(layer.directory)
+        except Exception:  # noqa: BLE001 - the failure to report is the first one
+            raise exc from None
+        layer.read_only = True
+        layer.refused = f"open for writing: {type(exc).__name__}: {exc}"
+        layer.back_off()
+        self._refuse(layer)
+        return cache
+
+    def _refuse(self, layer: _Layer, problem: str | None = None) -> None:
+        """Say once per directory that new entries are not stored there."""
+        if not layer.write_warned:
+            layer.write_warned = True
+            warnings.warn(
+                f"portkern cache at {layer.directory} cannot store new entries ({problem or layer.refused}); "
+                "its cached kernels are still served",
+                CacheWarning,
+                stacklevel=5,
+            )
+
     def _open(self, layer: _Layer):
+        if layer.retry_in:  # after a failed (or read-only) open: try again once enough lookups have passed
+            layer.retry_in -= 1
+            if layer.retry_in == 0:
+                self._close_connection(layer)
+                layer.broken = None
         if layer.cache is not None and repair.identity(layer.directory / repair.DATABASE) != layer.identity:
             self._close_connection(layer)  # cleared or moved aside by another process: open the new one
         if layer.cache is None and layer.broken is None:
@@ -198,6 +258,8 @@ class Store:
                         self._fail(layer, "open", again)
                 else:
                     self._fail(layer, "open", exc)
+            if layer.cache is not None and layer.refused is None:
+                layer.failures = layer.retry_in = 0
         return layer.cache
 
     def _writer(self, warn: bool = True) -> _Layer | None:
@@ -205,7 +267,7 @@ class Store:
         for layer in self._layers:
             if self._open(layer) is not None and not layer.read_only:
                 return layer
-        read_only = [str(layer.directory) for layer in self._layers if layer.read_only and layer.broken is None]
+        read_only = [str(layer.directory) for layer in self._layers if layer.read_only and layer.problem is None]
         if warn and read_only and not self._unwritable_warned:
             self._unwritable_warned = True
             warnings.warn(
@@ -238,17 +300,24 @@ class Store:
         return True
 
     def _fail(self, layer: _Layer, what: str, exc: BaseException) -> None:
+        """Stop using a directory (one warning per directory) until its next try (`RETRY_FIRST`)."""
         if layer.broken is None:
             layer.broken = f"{what}: {type(exc).__name__}: {exc}"
+            layer.back_off()
+        if not layer.warned:
+            layer.warned = True
             warnings.warn(
-                f"portkern cache at {layer.directory} is not usable ({layer.broken}); running without it",
+                f"portkern cache at {layer.directory} is not usable ({layer.broken}); running without it "
+                "until it can be opened again",
                 CacheWarning,
                 stacklevel=3,
             )
         self._close_connection(layer)
 
-    def _guard(self, layer: _Layer | None, what: str, action: Callable[[Any], Any], default: Any = None) -> Any:
-        """`action(cache)` on one directory; `default` when it is absent, unusable or fails."""
+    def _guard(self, layer: _Layer | None, what: str, action: Callable[[Any], Any], default: Any = None,
+               writing: bool = False) -> Any:
+        """`action(cache)` on one directory; `default` when it is absent, unusable or fails. A
+        `writing` action that fails leaves the directory in use for reads (one warning)."""
         if layer is None:
             return default
         for attempt in range(2):  # a second time on a fresh database after moving a damaged one aside
@@ -260,6 +329,9 @@ class Store:
             except Exception as exc:  # noqa: BLE001
                 if attempt == 0 and damaged(exc) and not layer.read_only and self._move_aside(layer, exc, layer.identity):
                     continue
+                if writing and not damaged(exc):
+                    self._refuse(layer, f"{what}: {type(exc).__name__}: {exc}")
+                    return default
                 self._fail(layer, what, exc)
                 return default
         return default
@@ -271,7 +343,7 @@ class Store:
 
     def _write(self, what: str, action: Callable[[Any], Any], default: Any = None) -> Any:
         """`action(cache)` on the directory new entries go to."""
-        return self._guard(self._writer(), what, action, default)
+        return self._guard(self._writer(), what, action, default, writing=True)
 
     @staticmethod
     def _close_connection(layer: _Layer) -> None:
@@ -293,10 +365,12 @@ class Store:
             warnings.warn(f"portkern cache entry {key[:16]}{label} in read-only {cache.directory} is corrupt; not used ({problem})",
                           CacheWarning, stacklevel=4)
             return
+        with cache.transact():  # under the writers' lock: an entry written meanwhile is intact now
+            if isinstance(self._load(cache, key), tuple):
+                return
+            self._remove(cache, key)
         warnings.warn(f"portkern cache entry {key[:16]}{label} is corrupt; evicted, it will be rebuilt ({problem})",
                       CacheWarning, stacklevel=4)
-        with cache.transact():
-            self._remove(cache, key)
 
     # --- artifacts ----------------------------------------------------------
 
@@ -493,11 +567,17 @@ class Store:
         Only the directory new entries go to: a read-only one cannot be repaired."""
         self.flush()
         findings: list[Finding] = []
-        layer = self._writer()
-        self._guard(layer, "verify", lambda cache: self._verify_structure(cache, findings))
-        self._guard(layer, "verify", lambda cache: self._verify_contents(cache, findings))
-        if layer is not None:
-            findings += [Finding("lock", name, "stale lock (no process holds it)") for name in repair.stale_locks(layer.directory)]
+        writer = self._writer(warn=False)
+        for layer in self._layers:
+            if layer is writer:
+                self._guard(layer, "verify", lambda cache: self._verify_structure(cache, findings))
+                self._guard(layer, "verify", lambda cache: self._verify_contents(cache, findings))
+                if layer.broken is None:
+                    findings += [Finding("lock", name, "stale lock (no process holds it)") for name in repair.stale_locks(layer.directory)]
+            elif self._open(layer) is not None:
+                self._guard(layer, "verify", lambda cache: self._verify_contents(cache, findings, fix=False))
+            if layer.broken is not None:
+                findings.append(Finding("directory", str(layer.directory), f"not usable ({layer.broken}); not checked", fixed=False))
         return findings
 
     def _verify_structure(self, cache, findings: list[Finding]) -> None:
@@ -540,37 +620,55 @@ class Store:
             if index.rebuild_totals(con):
                 findings.append(Finding("totals", "portkern_totals", "per-device totals did not match the entries; recounted"))
 
-    def _verify_contents(self, cache, findings: list[Finding]) -> None:
-        """Every entry re-hashed and every record decoded (entry by entry, without holding the write lock)."""
+    def _verify_contents(self, cache, findings: list[Finding], fix: bool = True) -> None:
+        """Every entry re-hashed and every record decoded (entry by entry, without holding the write
+        lock; what looks bad is checked again under it before it is removed, so an entry being
+        written or replaced meanwhile stays). Without `fix` (a read-only directory), only reported."""
         con = cache._con
+        unfixed = "" if fix else f"; not removed: {cache.directory} is read-only"
         for row in index.rows(con):
             found = self._load(cache, row.key)
-            if isinstance(found, str):
+            if isinstance(found, str) and fix:
                 with cache.transact():
-                    self._remove(cache, row.key)
-                findings.append(Finding("entry", row.key, found, _row_entry(row)))
+                    if index.lookup(con, row.key) is None:
+                        continue  # removed or evicted meanwhile
+                    found = self._load(cache, row.key)
+                    if isinstance(found, str):
+                        self._remove(cache, row.key)
+            if isinstance(found, str):
+                findings.append(Finding("entry", row.key, found + unfixed, _row_entry(row), fixed=fix))
         for kind in ("t", "p", "v", "w"):
             for name in self._record_names(cache, kind):
                 try:
                     _decode_record(_text(cache, name))
                 except CorruptRecordError as exc:
-                    cache.delete(name)
-                    findings.append(Finding("record", name, f"record {exc}"))
+                    if fix:
+                        cache.delete(name)
+                    findings.append(Finding("record", name, f"record {exc}{unfixed}", fixed=fix))
 
     def clear(self, device: str | None = None) -> int:
         """Remove everything, files unknown to the database included, or only the artifacts and
         tuning results of one device. `device` is a label ("cpu:znver5") or a prefix of a fingerprint
-        digest. Returns how many artifacts were removed. Only the directory new entries go to: a
-        read-only one stays as it is."""
+        digest. Returns how many artifacts were removed. Only the directory new entries go to (or,
+        when none can be opened, the first one this process may write): a read-only one stays as it
+        is. `CacheError` when no directory can be written, or when files were left behind."""
         if device is not None:
             return self._clear_device(device)
         self._hits.take()
-        layer = self._writer()
+        layer = self._writer(warn=False)
         if layer is None:
-            return 0
+            # A directory this process may write but cannot open (a damaged or full one) is
+            # emptied all the same: clearing is how it is made usable again.
+            layer = next((layer for layer in self._layers if not self.config.disabled and layer.directory.is_dir()
+                          and readonly.writable(layer.directory)), None)
+        if layer is None:
+            problems = [f"{layer.directory} ({layer.problem or layer.state})" for layer in self._layers]
+            raise CacheError(f"cannot clear the portkern cache: no directory can be written: {', '.join(problems)}; nothing removed")
 
         def empty(cache):
             con = cache._con
+            if getattr(cache, "read_only", False):
+                return index.count(con)
             with cache.transact():
                 removed = index.count(con)
                 for table in ("Cache", "portkern_entries", "portkern_totals", "portkern_counters"):
@@ -581,7 +679,8 @@ class Store:
         self._close_connection(layer)
         left = repair.remove_everything(layer.directory)
         if left:
-            warnings.warn(f"portkern cache clear could not remove {', '.join(left)} from {layer.directory}", CacheWarning, stacklevel=2)
+            raise CacheError(f"portkern cache clear could not remove {', '.join(left)} from {layer.directory} "
+                             f"({removed} entries removed)")
         return removed
 
     def _clear_device(self, device: str) -> int:
@@ -767,8 +866,8 @@ class Store:
             locks = layer.directory / repair.LOCKS
             locks.mkdir(exist_ok=True)
             return _tolerant(FileLock(str(locks / f"{key[:32]}.lock"), timeout=timeout))
-        except Exception as exc:  # noqa: BLE001
-            self._fail(layer, "lock", exc)
+        except Exception as exc:  # noqa: BLE001 - no lock costs duplicate work, and reads go on
+            self._refuse(layer, f"lock: {type(exc).__name__}: {exc}")
             return nullcontext()
 
     # --- migration ----------------------------------------------------------

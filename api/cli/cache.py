@@ -164,19 +164,28 @@ def run_verify(args: argparse.Namespace) -> Report:
     store = store_from(args)
     checked = store.count()
     findings = [
-        {"kind": f.kind, "name": f.name, "problem": f.problem,
+        {"kind": f.kind, "name": f.name, "problem": f.problem, "fixed": f.fixed,
          "kernel": f.entry.kernel if f.entry else None, "device": f.entry.device_label if f.entry else None}
         for f in store.verify()
     ]
-    findings += [{"kind": "scratch", "name": str(path), "problem": "scratch directory of a process that is gone",
+    findings += [{"kind": "scratch", "name": str(path), "problem": "scratch directory of a process that is gone", "fixed": True,
                   "kernel": None, "device": None} for path in scratch.sweep()]
     data = {"checked": checked, "found": findings}
 
     def render(out):
         for item in findings:
             what = f" {item['kernel']} on {item['device']}" if item["kernel"] else ""
-            out.print(f"[red]removed[/red] {item['kind']} {item['name'][:40]}{what}: {item['problem']}")
-        verdict = f"found and fixed {len(findings)} problems" if findings else "all intact"
+            done = "removed" if item["fixed"] else "NOT fixed"
+            name = item["name"] if item["kind"] == "directory" else item["name"][:40]
+            out.print(f"[red]{done}[/red] {item['kind']} {name}{what}: {item['problem']}")
+        fixed = sum(1 for item in findings if item["fixed"])
+        unfixed = len(findings) - fixed
+        if not findings:
+            verdict = "all intact"
+        elif not unfixed:
+            verdict = f"found and fixed {fixed} problems"
+        else:
+            verdict = f"found {len(findings)} problems, {unfixed} of them not fixed or not checked"
         out.print(f"verified {checked} entries: {verdict}")
 
     return Report(data, render, status=1 if findings else 0)
@@ -211,8 +220,13 @@ def run_export(args: argparse.Namespace) -> Report:
     store = store_from(args)
     report = export(store, args.file, device=device_filter(args.device, store), sign_with=key_to_sign_with(args.sign))
     signed = f", signed ({report.signed})" if report.signed else ""
-    return Report(report.to_dict(), lambda out: out.print(
-        f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}{signed}"))
+
+    def render(out):
+        out.print(f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}{signed}")
+        if report.note:
+            out.print(f"[yellow]note:[/yellow] {report.note}")
+
+    return Report(report.to_dict(), render)
 
 
 def run_import(args: argparse.Namespace) -> Report:
