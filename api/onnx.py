@@ -8,8 +8,14 @@ finalised for the device (cached, tuned on request) and run, exactly as `portker
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
+import os
+import shutil
 import tempfile
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -18,11 +24,15 @@ import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
 from portkern import errors
-from portkern.errors import ArgumentTypeError, BuildError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
-from portkern.jit.loader import Kernel, load
+from portkern.errors import ArgumentTypeError, BuildError, BundleError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
+from portkern.jit.loader import Kernel, LoadedBundle, load
 from portkern.jit.workers import Job, shared_pool
 from portkern.portable.onnx_model import as_kernel, graph_inputs, kernel_name, operators
-from portkern.cache.store import Store
+from portkern.portable.onnx_parameters import has_external_data
+from portkern.portable.producer import installed_compiler
+from portkern.cache.config import CacheWarning
+from portkern.cache.repair import BUNDLES
+from portkern.cache.store import Store, default_store
 
 #: How long building one model may take.
 BUILD_TIMEOUT_S = 1800
@@ -33,10 +43,13 @@ DEVICES = {"CPU": "cpu"}
 class PortkernRep(BackendRep):
     """A model finalised for one device; `run` takes its inputs in graph order (a list) or by name."""
 
-    def __init__(self, kernel: Kernel, inputs: Sequence[str], outputs: Sequence[str]) -> None:
+    def __init__(self, kernel: Kernel, inputs: Sequence[str], outputs: Sequence[str], bundle_origin: str = "built") -> None:
         self.kernel = kernel
         self.input_names = tuple(inputs)
         self.output_names = tuple(outputs)
+        #: Where the model's bundle came from: "built" by this `prepare`, or "cache" (a bundle an
+        #: earlier `prepare` built for the same model bytes and options, kept in the cache directory).
+        self.bundle_origin = bundle_origin
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         """The model's outputs (a namedtuple by output name) for `inputs`."""
@@ -58,7 +71,8 @@ class PortkernBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> PortkernRep:
-        """Build the model into a bundle and finalise it for `device`.
+        """Build the model into a bundle (or load the one an earlier `prepare` kept in the cache for
+        the same model and options: `rep.bundle_origin`) and finalise it for `device`.
 
         Options: `tune` (as for `LoadedBundle.kernel`), `store` (a `portkern.cache.store.Store`),
         `name` (the kernel's name; default from the graph's name).
@@ -66,19 +80,16 @@ class PortkernBackend(Backend):
         super().prepare(model, device, **kwargs)
         spec = device_spec(device)
         name = kernel_name(kwargs.get("name") or model.graph.name or "model")
+        ops = operators(model)
+        what = f"ONNX model {name!r} ({', '.join(ops[:6]) + (', ...' if len(ops) > 6 else '') or 'no operators'})"
+        store: Store | None = kwargs.get("store")
         with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
-            where = Path(tmp)
-            (where / "model.onnx").write_bytes(as_kernel(model, name).SerializeToString())
-            (where / "manifest.yaml").write_text(f"bundle: {name}\nkernels:\n  - name: {name}\n    source: model.onnx\n")
-            ops = operators(model)
-            what = f"ONNX model {name!r} ({', '.join(ops[:6]) + (', ...' if len(ops) > 6 else '') or 'no operators'})"
-            build_isolated(where / "manifest.yaml", where / "model.pkb", what, str(where / "model.onnx"))
-            store: Store | None = kwargs.get("store")
+            bundle, origin = model_bundle(model, name, what, store, Path(tmp))
             try:
-                kernel = load(where / "model.pkb", store=store).kernel(name, device=spec, tune=kwargs.get("tune"))
+                kernel = bundle.kernel(name, device=spec, tune=kwargs.get("tune"))
             except FinalizeError as exc:
                 raise type(exc)(f"{what}: {exc}") from None
-        return PortkernRep(kernel, [i.name for i in graph_inputs(model)], [o.name for o in model.graph.output])
+        return PortkernRep(kernel, [i.name for i in graph_inputs(model)], [o.name for o in model.graph.output], origin)
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any) -> tuple[np.ndarray, ...]:
@@ -101,15 +112,158 @@ class PortkernBackend(Backend):
         return True
 
 
-def build_isolated(manifest: Path, output: Path, what: str, source: str) -> None:
+def model_bundle(model: onnx.ModelProto, name: str, what: str, store: Store | None, workdir: Path) -> tuple[LoadedBundle, str]:
+    """The model's bundle, loaded, and where it came from ("cache" or "built"): the one an earlier
+    `prepare` kept in the cache for the same model bytes and build options (`bundle_key`), else one
+    built now (in `workdir`) and kept there. A kept bundle the loader refuses is removed and built
+    anew; a model whose weights are left in external data files is always built."""
+    places = store if store is not None else default_store()
+    key = None if has_external_data(model) else bundle_key(model.SerializeToString(deterministic=True), {"name": name})
+    if key is not None:
+        found = cached_bundle(places, key)
+        if found is not None:
+            return found, "cache"
+    with places.lock(f"onnx-{key}") if key is not None else nullcontext():
+        if key is not None:
+            found = cached_bundle(places, key)  # built by another process while this one waited
+            if found is not None:
+                return found, "cache"
+        (workdir / "model.onnx").write_bytes(as_kernel(model, name).SerializeToString())
+        (workdir / "manifest.yaml").write_text(f"bundle: {name}\nkernels:\n  - name: {name}\n    source: model.onnx\n")
+        notes = build_isolated(workdir / "manifest.yaml", workdir / "model.pkb", what, str(workdir / "model.onnx"))
+        kept = keep_bundle(places, key, workdir / "model.pkb", notes) if key is not None else None
+        return load(kept or workdir / "model.pkb", store=places), "built"
+
+
+@functools.lru_cache(maxsize=1)
+def producer_digest() -> str:
+    """What a bundle `prepare` builds depends on besides the model and its options: portkern's
+    release and build code (`portkern.portable`), the IREE compiler and the onnx package."""
+    import portkern
+    import portkern.portable
+
+    compiler = installed_compiler()
+    digest = hashlib.sha256(json.dumps([portkern.__version__, compiler.version, compiler.revision, onnx.__version__]).encode())
+    for source in sorted(Path(portkern.portable.__file__).parent.glob("*.py")):
+        digest.update(source.name.encode() + b"\0" + source.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def bundle_key(model_bytes: bytes, options: Mapping[str, Any]) -> str:
+    """The name a bundle built from serialized model bytes with the build options that shape it
+    is kept under: a SHA-256 digest of both and of `producer_digest`."""
+    digest = hashlib.sha256(f"portkern-onnx-bundle\0{producer_digest()}\0{json.dumps(options, sort_keys=True)}\0".encode())
+    digest.update(model_bytes)
+    return digest.hexdigest()
+
+
+def bundle_dirs(store: Store) -> tuple[list[Path], Path | None]:
+    """The folders kept bundles are looked up in (each usable cache directory's `bundles/`, in
+    lookup order) and the one new ones go to (None when no cache directory is writable)."""
+    usable = [place for place in store.places() if place["state"] != "not usable"]
+    writable = next((Path(p["directory"]) / BUNDLES for p in usable if p["state"] == "writable"), None)
+    return [Path(p["directory"]) / BUNDLES for p in usable], writable
+
+
+def cached_bundle(store: Store, key: str) -> LoadedBundle | None:
+    """The kept bundle named `key`, loaded (its build's warnings shown again), or None. One the
+    loader refuses is removed where this process may."""
+    for folder in bundle_dirs(store)[0]:
+        path = folder / f"{key}.pkb"
+        if not path.is_file():
+            continue
+        try:
+            bundle = load(path, store=store)
+        except BundleError as exc:
+            warnings.warn(f"portkern: a kept ONNX bundle was refused and is built anew ({errors.brief(str(exc))})", CacheWarning, stacklevel=4)
+            for stale in (path, path.with_suffix(".json")):
+                try:
+                    stale.unlink()
+                except OSError:
+                    pass
+            continue
+        try:
+            notes = json.loads(path.with_suffix(".json").read_text()).get("warnings") or []
+        except (OSError, ValueError, AttributeError):
+            notes = []
+        for note in notes:
+            warnings.warn(str(note), stacklevel=4)
+        return bundle
+    return None
+
+
+def keep_bundle(store: Store, key: str, built: Path, notes: Sequence[str]) -> Path | None:
+    """Keep a bundle just built (and its build's warnings) as `<key>.pkb` in the writable cache
+    directory's `bundles/`; each file appears whole or not at all. Its path, or None when it
+    could not be kept (no writable cache directory, a full disk)."""
+    folder = bundle_dirs(store)[1]
+    if folder is None:
+        return None
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        _sweep_parts(folder)
+        _write_whole(folder / f"{key}.json", json.dumps({"warnings": list(notes)}).encode())
+        target = folder / f"{key}.pkb"
+        _write_whole(target, built)
+        return target
+    except OSError as exc:
+        warnings.warn(f"portkern: the ONNX model's bundle is not kept in {folder} ({exc.strerror or exc}); "
+                      "the next prepare builds it again", CacheWarning, stacklevel=4)
+        return None
+
+
+def _write_whole(path: Path, data: bytes | Path) -> None:
+    """Write `data` (bytes, or a file's contents) to `path`, which readers see whole or not at all."""
+    part = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.part")
+    try:
+        with open(part, "wb") as file:
+            if isinstance(data, Path):
+                with open(data, "rb") as source:
+                    shutil.copyfileobj(source, file, 1 << 20)
+            else:
+                file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(part, path)
+    except BaseException:
+        try:
+            part.unlink()
+        except OSError:
+            pass
+        raise
+
+
+def _sweep_parts(folder: Path) -> None:
+    """Remove the partial files of processes that were stopped while writing one."""
+    for part in folder.glob(".*.part"):
+        pid = part.name.split(".")[-3]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                part.unlink()
+            except OSError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def build_isolated(manifest: Path, output: Path, what: str, source: str) -> list[str]:
     """`portkern build` in a worker of the shared pool (kept alive between models): the IREE
     compiler lowers the model there, so that a compiler crash is a BuildError, not the end of the
-    caller's process."""
+    caller's process. The build's warnings, shown and returned."""
     result = shared_pool().run([Job.build(0, what, str(manifest), str(output), BUILD_TIMEOUT_S)])[0]
-    for note in result.data.get("warnings") or ():
-        warnings.warn(str(note).replace(source, what), stacklevel=3)
+    notes = [str(note).replace(source, what) for note in result.data.get("warnings") or ()]
+    for note in notes:
+        warnings.warn(note, stacklevel=4)
     if result.ok:
-        return
+        return notes
     if result.status == "timeout":
         raise BuildError(f"{what}: building it took longer than {BUILD_TIMEOUT_S} s")
     if result.status in ("crash", "oom"):

@@ -3,7 +3,8 @@
 IREE's ONNX importer, run with `--externalize-params --no-save-params`, replaces every
 initializer of at least `ELEMENTS_THRESHOLD` elements by a global that refers to it as
 `#stream.parameter.named<"model"::"<name>">`; smaller ones (shape and axis constants,
-scalars, short vectors) stay in the code, where the compiler folds them. The bytes of each
+scalars, short vectors) stay in the code, where the compiler folds them (read into the model
+first when an external data file holds them: `inline_small_tensors`). The bytes of each
 referenced initializer are then read here, straight from the model file or from its
 external data file, piece by piece, so that the builder never holds the whole model.
 """
@@ -60,8 +61,45 @@ def load_kernel_graph(path: Path) -> tuple[Any, list[str]]:
     its MatMul and Gemm weights stored transposed (`portable.onnx_layout`), as the bundle keeps it,
     and the names of those weights."""
     model = load_graph(path)
+    inline_small_tensors(model, path)
     prepare(model)
     return model, transpose_matmul_weights(model, ELEMENTS_THRESHOLD)
+
+
+def inline_small_tensors(model: Any, path: Path, threshold: int = ELEMENTS_THRESHOLD) -> int:
+    """Bring the bytes of every initializer (and constant attribute) of fewer than `threshold`
+    elements that an external data file holds into the model, as the importer keeps such tensors
+    in the code and reads them from the model alone (`--large-model` leaves them empty). What
+    stays external is only what becomes a parameter. The number of tensors brought in."""
+    from onnx import TensorProto
+    from onnx.external_data_helper import uses_external_data
+
+    count = 0
+    for tensor in _tensors(model.graph):
+        if uses_external_data(tensor) and math.prod(tensor.dims) < threshold:
+            size = math.prod(tensor.dims) * _itemsize(tensor, path)
+            location, offset = _external(tensor, path, size)
+            with open(location, "rb") as file:
+                file.seek(offset)
+                tensor.raw_data = file.read(size)
+            del tensor.external_data[:]
+            tensor.data_location = TensorProto.DEFAULT
+            count += 1
+    return count
+
+
+def _tensors(graph: Any):
+    """The graph's initializers and tensor attributes, subgraphs' included."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.HasField("t"):
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.HasField("g"):
+                yield from _tensors(attribute.g)
+            for sub in attribute.graphs:
+                yield from _tensors(sub)
 
 
 def opset_of(model: Any) -> int:
@@ -87,21 +125,49 @@ def sanitized(name: str) -> str:
 
 def parameter_data(model: Any, path: Path, kernel: str, references: list[tuple[str, str]]) -> tuple[ParameterData, ...]:
     """Readers of the referenced initializers' bytes, in reference order."""
-    from onnx import helper
-
     by_name = {sanitized(t.name): t for t in model.graph.initializer if t.name}
     data = []
     for scope, name in references:
         tensor = by_name.get(name)
         if tensor is None:
             raise BuildError(f"{path}: the imported model refers to parameter {name!r}, which is not an initializer")
-        try:
-            itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-        except Exception:
-            raise BuildError(f"{path}: initializer {tensor.name!r} has ONNX type {tensor.data_type}, which cannot be a parameter") from None
+        itemsize = _itemsize(tensor, path)
         size = math.prod(tensor.dims) * itemsize
         data.append(ParameterData(kernel, scope, name, size, _reader(tensor, path, size, itemsize)))
     return tuple(data)
+
+
+def _itemsize(tensor: Any, path: Path) -> int:
+    """Bytes per element of a tensor (BuildError for a type without a fixed size)."""
+    from onnx import helper
+
+    try:
+        itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+    except Exception:
+        itemsize = 0
+    if not itemsize or tensor.data_type == tensor.STRING:
+        raise BuildError(f"{path}: initializer {tensor.name!r} has ONNX type {tensor.data_type}, which cannot be a parameter")
+    return itemsize
+
+
+def _external(tensor: Any, path: Path, size: int) -> tuple[Path, int]:
+    """Where a tensor's `size` bytes of external data lie: the file (in the model's folder) and offset."""
+    info = {entry.key: entry.value for entry in tensor.external_data}
+    base = path.parent.resolve()
+    location = (base / info.get("location", "")).resolve()
+    if base not in location.parents and location != path.resolve():  # the model file itself: weights left inline
+        raise BuildError(f"{path}: initializer {tensor.name!r} has external data outside the model's folder ({info.get('location')!r})")
+    try:
+        offset = int(info.get("offset", 0))
+        available = location.stat().st_size - offset
+        length = int(info.get("length", available))
+    except OSError as exc:
+        raise BuildError(f"{path}: external data of {tensor.name!r}: {exc.strerror or exc}") from None
+    except ValueError:
+        raise BuildError(f"{path}: external data of {tensor.name!r} has an offset or length that is not a number") from None
+    if length != size or available < size:
+        raise BuildError(f"{path}: external data of {tensor.name!r} has {min(length, available)} bytes, its shape needs {size}")
+    return location, offset
 
 
 def _reader(tensor: Any, path: Path, size: int, itemsize: int):
@@ -110,18 +176,7 @@ def _reader(tensor: Any, path: Path, size: int, itemsize: int):
 
     if uses_external_data(tensor):
         info = {entry.key: entry.value for entry in tensor.external_data}
-        base = path.parent.resolve()
-        location = (base / info.get("location", "")).resolve()
-        if base not in location.parents and location != path.resolve():  # the model file itself: weights left inline
-            raise BuildError(f"{path}: initializer {tensor.name!r} has external data outside the model's folder ({info.get('location')!r})")
-        offset = int(info.get("offset", 0))
-        try:
-            available = location.stat().st_size - offset
-        except OSError as exc:
-            raise BuildError(f"{path}: external data of {tensor.name!r}: {exc.strerror or exc}") from None
-        length = int(info.get("length", available))
-        if length != size or available < size:
-            raise BuildError(f"{path}: external data of {tensor.name!r} has {min(length, available)} bytes, its shape needs {size}")
+        location, offset = _external(tensor, path, size)
         if TRANSPOSED_KEY in info:  # stored as dims[1] x dims[0], kept as dims
             return transposed_file_pieces(location, offset, tensor.dims[1], tensor.dims[0], itemsize)
         return file_pieces(location, offset, size)

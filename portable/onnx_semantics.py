@@ -49,6 +49,19 @@ kernel computes what onnx's reference computes, on every ISA level it runs on.
   as `onnx_model.explicit_pool_pads` writes, counts as padding), or without strides (and where
   sizes are not known) NaN where a window holds no number (a second pool over `Not(IsNaN(x))`;
   the reference fails there).
+- Integer `Div` and `Mod` (`fmod` 0 and 1) by zero, and of a signed type's minimum by -1: IREE
+  divides in hardware, and x86 traps there (SIGFPE: the process dies) for 64-bit types, while
+  narrower ones give whatever the vector code leaves. onnx's reference (NumPy) gives 0 for a zero
+  divisor, and for the minimum by -1 the minimum (`Div`) and 0 (`Mod`). The rewrite divides by 1
+  there, which gives those results, except a `Div` by zero, selected as 0:
+  `Where(Equal(d, 0), 0, Div(x, Where(bad, 1, d)))`, `bad = Or(Equal(d, 0), And(Equal(x, min),
+  Equal(d, -1)))`. A constant divisor with neither value is left as it is, and so is a constant
+  dividend without the minimum. A model older than opset 9 (Where), or than opset 11 (Equal of
+  every integer type) with a divisor of another type than int32 and int64, is upgraded first.
+  IREE's importer also divides unsigned integers as signed ones (wrong where an operand has its
+  top bit set), and cannot Cast to uint16, uint32 or uint64: an unsigned Div or Mod becomes
+  `q = ((x >> 1) / d) << 1` (a signed division of operands below the top bit is right), plus 1
+  where `x - q * d >= d`, and `x >= d` (0 or 1) outright for a divisor with its top bit set.
 """
 
 from __future__ import annotations
@@ -63,6 +76,10 @@ _FLOATS = {1, 10, 11, 16}
 _NAN_OPS = ("Max", "Min", "Clip", "Sign", "ArgMax", "ArgMin", "Hardmax")
 #: Operators whose results IREE computes differently from onnx's reference for more than NaN.
 _MORE_OPS = ("Pow", "TopK", "MaxPool")
+#: Operators that divide integers in hardware, which traps on a zero divisor and on the minimum by -1.
+_DIVISIONS = ("Div", "Mod")
+#: Integer element types whose Equal the opsets before 11 define.
+_EQUAL_7 = (6, 7)
 _DOUBLE = 11
 _HALVES = (10, 16)
 _FLOAT, _BOOL = 1, 9
@@ -74,7 +91,7 @@ def rewrite(model):
     """Rewrite `model` (an onnx ModelProto) in place as this module says; returns whether it changed.
     Subgraphs (If, Loop, Scan bodies) are rewritten too."""
     graphs = list(_graphs(model.graph))
-    ops = ("BitShift", *_NAN_OPS, *_MORE_OPS)
+    ops = ("BitShift", *_NAN_OPS, *_MORE_OPS, *_DIVISIONS)
     if not any(_is_onnx(node) and node.op_type in ops for g in graphs for node in g.node):
         return False
     wanted = {node.input[0] for g in graphs for node in g.node if _is_onnx(node) and node.op_type in ops and node.input}
@@ -90,13 +107,24 @@ def rewrite(model):
     if opset < _NAN_OPSET and any(_is_onnx(n) and n.op_type in (*_NAN_OPS, *_MORE_OPS) and needs_opset_9(n) for g in graphs for n in g.node):
         _upgrade(model, _NAN_OPSET)
         return rewrite(model) or True
+    if opset < 11:
+        divisions = [n for g in graphs for n in g.node if _is_onnx(n) and n.op_type in _DIVISIONS and len(n.input) == 2]
+        if divisions:
+            known = {}
+            for g in graphs:
+                known.update(_constant_values(g, {v for n in divisions for v in n.input}))
+            unsafe = [types.get(n.input[0]) or types.get(n.input[1]) for n in divisions if _unsafe_division(n, types, known)]
+            needed = 11 if any(code not in _EQUAL_7 for code in unsafe) else _NAN_OPSET if unsafe else 0
+            if opset < needed:
+                _upgrade(model, needed, "its integer divisions by zero need")
+                return rewrite(model) or True
     pools = [n for g in graphs for n in g.node if _is_onnx(n) and n.op_type == "MaxPool" and types.get(n.input[0]) in _FLOATS]
     pads = {out: n.input[0] for g in graphs for n in g.node if n.op_type == "Pad" and n.input for out in n.output}
     dims = _dims(model, {v for n in pools for v in (n.input[0], pads.get(n.input[0], n.input[0]), *n.output[:1])}) if pools else {}
     names = _Names(graphs)
     changed = False
     for graph in reversed(graphs):  # innermost first: an outer graph's new nodes are copies
-        constants = _constant_values(graph, {name for node in graph.node if _is_onnx(node) and node.op_type in ("BitShift", "Clip", "Max", "Min", "Pow", "Pad") for name in node.input})
+        constants = _constant_values(graph, {name for node in graph.node if _is_onnx(node) and node.op_type in ("BitShift", "Clip", "Max", "Min", "Pow", "Pad", *_DIVISIONS) for name in node.input})
         producers = {out: node for node in graph.node for out in node.output}
         nodes, rewritten = [], False
         for node in graph.node:
@@ -111,6 +139,8 @@ def rewrite(model):
                 replacement = _topk(node, types, names, opset)
             elif _is_onnx(node) and node.op_type == "MaxPool":
                 replacement = _max_pool(node, types, dims, constants, producers, names)
+            elif _is_onnx(node) and node.op_type in _DIVISIONS and len(node.input) == 2:
+                replacement = _division(node, types, constants, names)
             if replacement is not None:
                 nodes += replacement
                 rewritten = True
@@ -123,7 +153,7 @@ def rewrite(model):
     return changed
 
 
-def _upgrade(model, opset: int) -> None:
+def _upgrade(model, opset: int, need: str = "its NaN semantics need") -> None:
     """Convert `model` in place to `opset` (onnx's version converter), or a BuildError."""
     from onnx import version_converter
 
@@ -132,7 +162,7 @@ def _upgrade(model, opset: int) -> None:
     except Exception as exc:  # noqa: BLE001 - the converter's failures are RuntimeErrors and assertions
         raise BuildError(
             f"the model (opset {next((o.version for o in model.opset_import if o.domain in ('', 'ai.onnx')), 1)}) could not be "
-            f"upgraded to opset {opset}, which its NaN semantics need: {brief(exc, last=True)}"
+            f"upgraded to opset {opset}, which {need}: {brief(exc, last=True)}"
         ) from None
     model.CopyFrom(converted)
 
@@ -326,6 +356,91 @@ class _Builder:
         out = out or self.names(f"{self.base}_{op_type.lower()}")
         self.made.append(helper.make_node(op_type, list(inputs), [out], **attributes))
         return out
+
+
+def _unsafe_division(node, types: dict, constants: dict) -> tuple[bool, bool] | None:
+    """For an integer Div or Mod node: whether its divisor may be 0, and whether its dividend may be
+    the type's minimum while its divisor is -1 (signed types) or an operand may have its top bit set
+    (unsigned types); None for floating-point inputs or where none of these may happen."""
+    import numpy as np
+    from onnx import helper
+
+    x, d = node.input
+    code = types.get(x) or types.get(d)
+    if code is None:
+        raise BuildError(
+            f"{node.op_type} node {node.name or node.output[0]!r}: the element type of its inputs is not known, so an "
+            "integer division by zero could not be kept from the hardware"
+        )
+    if code not in _INTEGERS:
+        return None
+    bits, signed = _INTEGERS[code]
+    divisor, dividend = constants.get(d), constants.get(x)
+    zero = divisor is None or bool(np.any(divisor == 0))
+    if not signed:
+        high = any(v is None or bool(np.any(v >= 2 ** (bits - 1))) for v in (divisor, dividend))
+        return (zero, high) if zero or high else None
+    overflow = signed and (divisor is None or bool(np.any(divisor == -1)))
+    if overflow and dividend is not None:
+        overflow = bool(np.any(dividend == np.iinfo(helper.tensor_dtype_to_np_dtype(code)).min))
+    return (zero, overflow) if zero or overflow else None
+
+
+def _division(node, types: dict, constants: dict, names: _Names) -> list | None:
+    """The nodes that keep one integer Div or Mod node from dividing by zero, or a signed type's
+    minimum by -1, with onnx's results there; None where it does neither (or is not integer)."""
+    import numpy as np
+    from onnx import helper
+
+    unsafe = _unsafe_division(node, types, constants)
+    if unsafe is None:
+        return None
+    zero_divisor, overflow = unsafe
+    x, d = node.input
+    (out,) = node.output
+    code = types.get(x) or types.get(d)
+    b = _Builder(node.name or out, names)
+    zero, one = b.const(0, code), b.const(1, code)
+    bad = []
+    if zero_divisor:
+        is_zero = b("Equal", d, zero)
+        bad.append(is_zero)
+    if overflow and not _INTEGERS[code][1]:  # IREE divides unsigned integers as signed ones
+        safe = b("Where", is_zero, one, d) if zero_divisor else d
+        result = _unsigned_division(node, code, safe, b, out if not (zero_divisor and node.op_type == "Div") else None)
+        if zero_divisor and node.op_type == "Div":
+            b("Where", is_zero, zero, result, out=out)
+        return b.made
+    if overflow:
+        minimum = b.const(np.iinfo(helper.tensor_dtype_to_np_dtype(code)).min, code)
+        bad.append(b("And", b("Equal", x, minimum), b("Equal", d, b.const(-1, code))))
+    safe = b("Where", bad[0] if len(bad) == 1 else b("Or", *bad), one, d)
+    # x / 1 is x: the minimum, as NumPy's minimum // -1 wraps; x % 1 is 0, NumPy's remainder by 0 and of the minimum by -1
+    selected = node.op_type == "Div" and zero_divisor
+    divided = names(f"{b.base}_divided") if selected else out
+    division = helper.make_node(node.op_type, [x, safe], [divided], name=node.name)
+    division.attribute.extend(node.attribute)
+    b.node(division)
+    if selected:
+        b("Where", is_zero, zero, divided, out=out)
+    return b.made
+
+
+def _unsigned_division(node, code: int, d: str, b: _Builder, out: str | None) -> str:
+    """Unsigned `x / d` or `x % d` (d nonzero) through a signed division of operands below the top
+    bit: `((x >> 1) / d) << 1`, corrected by one, and 0 or 1 for a divisor with its top bit set."""
+    x = node.input[0]
+    bits, _ = _INTEGERS[code]
+    one = b.const(1, code)
+    big = b("Greater", d, b.const(2 ** (bits - 1) - 1, code))
+    small = b("Where", big, one, d)
+    q = b("BitShift", b("Div", b("BitShift", x, one, direction="RIGHT"), small), one, direction="LEFT")
+    r = b("Sub", x, b("Mul", q, small))
+    over = b("Not", b("Less", r, small))
+    at_least = b("Not", b("Less", x, d))  # for a divisor with its top bit set, the quotient is 0 or 1
+    if node.op_type == "Div":
+        return b("Where", big, b("Where", at_least, one, b.const(0, code)), b("Where", over, b("Add", q, one), q), out=out)
+    return b("Where", big, b("Where", at_least, b("Sub", x, d), x), b("Where", over, b("Sub", r, small), r), out=out)
 
 
 def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:

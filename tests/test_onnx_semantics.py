@@ -4,9 +4,18 @@ pow(x, 0) = 1 and pow(1, y) = 1 for every x and y (NaN too), zeros, infinities a
 bases with float or integer exponents, integer bases, broadcasting and constant exponents.
 Tolerance: special values (NaN, +-inf, 0, +-1 and the sign) exactly; other results to a relative
 1e-6 (a few float32 ulps, IREE's own pow accuracy for a positive base), 1e-12 for float64, and
-results below the smallest normal number may be flushed to zero."""
+results below the smallest normal number may be flushed to zero.
+
+Integer Div and Mod (fmod 0 and 1) by zero and of a signed type's minimum by -1, as onnx's
+reference (NumPy) computes them: 0 for a zero divisor, the minimum (Div) and 0 (Mod) for the
+minimum by -1; exactly. Those kernels run in a child process: the hardware's division traps there
+(SIGFPE), which would end the test run rather than fail a test."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -140,3 +149,123 @@ def test_exponents_iree_computes_right_are_left_as_they_are():
     check(m, {"a": a})
     plain = model([helper.make_node("Add", ["a", "a"], ["y"])], {"a": a}, ["y"])
     assert not onnx_semantics.rewrite(plain)
+
+
+# Runs the model in argv[1] on the feeds in argv[2] (an .npz, by input name), saves the outputs to argv[3].
+RUN_APART = textwrap.dedent(
+    """
+    import sys
+    import numpy as np, onnx
+    from portkern import onnx as backend
+    model = onnx.load(sys.argv[1])
+    feeds = np.load(sys.argv[2])
+    outputs = backend.prepare(model, "CPU").run([feeds[i.name] for i in model.graph.input])
+    np.savez(sys.argv[3], *outputs)
+    """
+)
+
+INTEGERS = [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32, np.uint64]
+DIVISIONS = [("Div", {}), ("Mod", {"fmod": 0}), ("Mod", {"fmod": 1})]
+
+
+def run_apart(m, feeds, tmp_path):
+    """portkern's outputs for `m` on `feeds`, computed in a child process (a crash fails the test)."""
+    import onnx
+
+    onnx.save(m, tmp_path / "model.onnx")
+    np.savez(tmp_path / "feeds.npz", **feeds)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_APART, str(tmp_path / "model.onnx"), str(tmp_path / "feeds.npz"), str(tmp_path / "out.npz")],
+        capture_output=True, text=True, timeout=900,
+    )
+    assert done.returncode == 0, f"the kernel's process ended with {done.returncode}: {done.stderr[-2000:]}"
+    with np.load(tmp_path / "out.npz") as out:
+        return [out[f"arr_{i}"] for i in range(len(out.files))]
+
+
+def check_apart(m, feeds, tmp_path, reference=None):
+    """portkern's outputs, computed in a child process, are exactly the reference's (for `reference`,
+    the model the reference runs, where not `m`)."""
+    with np.errstate(all="ignore"):
+        want = ReferenceEvaluator(reference or m).run(None, feeds)
+    got = run_apart(m, feeds, tmp_path)
+    assert len(got) == len(want)
+    for output, g, w in zip(m.graph.output, got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, output.name
+        np.testing.assert_array_equal(g, w, err_msg=output.name)
+
+
+def special_values(dtype):
+    """Dividends down a column, divisors along a row: zero, -1, the extremes and their neighbours."""
+    info = np.iinfo(dtype)
+    values = [info.min, info.min + 1, -7, -2, -1, 0, 1, 2, 7, info.max - 1, info.max]
+    values = [v for v in values if info.min <= v]
+    return np.array(values, dtype).reshape(-1, 1), np.array(values, dtype).reshape(1, -1)
+
+
+def test_integer_division_by_zero_and_of_the_minimum_by_minus_one(tmp_path):
+    """Div and Mod of every integer type, every special dividend by every special divisor (zero and
+    -1 among them, broadcast) and random pairs with small divisors: the process lives, the results
+    are the reference's."""
+    rng = np.random.default_rng(3)
+    feeds, nodes = {}, []
+    for dtype in INTEGERS:
+        name = np.dtype(dtype).name
+        feeds[f"x_{name}"], feeds[f"d_{name}"] = special_values(dtype)
+        info = np.iinfo(dtype)
+        feeds[f"rx_{name}"] = rng.integers(info.min, info.max, 101, dtype=dtype, endpoint=True)
+        feeds[f"rd_{name}"] = rng.integers(max(info.min, -3), 4, 101, dtype=dtype)
+        for op, attributes in DIVISIONS:
+            tag = f"{op}{attributes.get('fmod', '')}_{name}"
+            nodes.append(helper.make_node(op, [f"x_{name}", f"d_{name}"], [f"grid_{tag}"], **attributes))
+            nodes.append(helper.make_node(op, [f"rx_{name}", f"rd_{name}"], [f"random_{tag}"], **attributes))
+    check_apart(model(nodes, feeds, []), feeds, tmp_path)
+
+
+def test_constant_divisors(tmp_path):
+    """A constant divisor that is zero or -1 somewhere, or unsigned with its top bit set, is rewritten;
+    a signed one that is neither (or -1 for a constant dividend without the minimum) is left as it is,
+    and so are float divisions."""
+    x = np.array([np.iinfo(np.int64).min, -7, -1, 0, 5, np.iinfo(np.int64).max], np.int64)
+    initializers = [
+        numpy_helper.from_array(np.int64([0, 3, -1, 0, 2, -1]), "risky"),
+        numpy_helper.from_array(np.int64(0), "zero"),
+        numpy_helper.from_array(np.int64(-1), "minus_one"),
+        numpy_helper.from_array(np.uint16([1, 2, 65535, 32768, 3, 7]), "unsigned"),
+    ]
+    u = np.uint16([0, 7, 65535, 65534, 32769, 40000])
+    nodes = [helper.make_node(op, ["x", d], [f"{op}{a.get('fmod', '')}_{d}"], **a) for op, a in DIVISIONS for d in ("risky", "zero", "minus_one")]
+    nodes += [helper.make_node(op, ["u", "unsigned"], [f"{op}{a.get('fmod', '')}_unsigned"], **a) for op, a in DIVISIONS]
+    m = model(nodes, {"x": x, "u": u}, [], initializers)
+    check_apart(m, {"x": x, "u": u}, tmp_path)
+    assert onnx_semantics.rewrite(m)
+
+    safe = [
+        numpy_helper.from_array(np.int64([3, -2, 7, 1, -5, 2]), "divisors"),
+        numpy_helper.from_array(np.int64([5, -7, 0, 9, 1, -3]), "dividends"),
+        numpy_helper.from_array(np.int64(-1), "minus_one"),
+    ]
+    f = np.float32([1, -0.0, 0.0, NAN, INF, -3])
+    nodes = [helper.make_node(op, ["x", "divisors"], [f"{op}{a.get('fmod', '')}"], **a) for op, a in DIVISIONS]
+    nodes += [helper.make_node(op, ["dividends", "minus_one"], [f"{op}{a.get('fmod', '')}_minus_one"], **a) for op, a in DIVISIONS]
+    nodes += [helper.make_node("Div", ["f", "f"], ["float_div"]), helper.make_node("Mod", ["f", "f"], ["float_fmod"], fmod=1)]
+    m = model(nodes, {"x": x, "f": f}, [], safe)
+    before = m.SerializeToString()
+    assert not onnx_semantics.rewrite(m)
+    assert m.SerializeToString() == before
+    check(m, {"x": x, "f": f})
+
+
+@pytest.mark.parametrize("op, dtype, opset", [("Div", np.int64, 7), ("Div", np.int32, 8), ("Mod", np.int8, 10), ("Mod", np.uint64, 10)])
+def test_divisions_of_older_opsets(op, dtype, opset, tmp_path):
+    """A model older than Where (opset 9), or than Equal of every integer type (opset 11), is upgraded first."""
+    x, d = special_values(dtype)
+    attributes = {"fmod": 1} if op == "Mod" and np.iinfo(dtype).min < 0 else {}
+    m = model([helper.make_node(op, ["x", "d"], ["y"], **attributes)], {"x": x, "d": d}, ["y"], opset=opset)
+    original = m.SerializeToString()
+    assert onnx_semantics.rewrite(m)
+    upgraded = next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
+    assert upgraded == (9 if dtype in (np.int32, np.int64) else 11)
+    reference = type(m)()
+    reference.ParseFromString(original)
+    check_apart(m, {"x": x, "d": d}, tmp_path, reference=reference)
