@@ -126,6 +126,13 @@ def sanitized(name: str) -> str:
 def parameter_data(model: Any, path: Path, kernel: str, references: list[tuple[str, str]]) -> tuple[ParameterData, ...]:
     """Readers of the referenced initializers' bytes, in reference order."""
     by_name = {sanitized(t.name): t for t in model.graph.initializer if t.name}
+    # the importer makes a large Constant node's value a parameter too (as the rewrites of
+    # `onnx_semantics` may add)
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.output and node.output[0]:
+            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+            if value is not None:
+                by_name.setdefault(sanitized(node.output[0]), value)
     data = []
     for scope, name in references:
         tensor = by_name.get(name)
