@@ -60,7 +60,7 @@ class PortkernRep(BackendRep):
             inputs = [inputs[n] for n in self.input_names]
         elif isinstance(inputs, (np.ndarray, np.generic)):
             inputs = [inputs]
-        results = self.kernel(*(np.asarray(a) if isinstance(a, (np.ndarray, np.generic)) else a for a in inputs))
+        results = self.kernel(*(np.asanyarray(a) if isinstance(a, (np.ndarray, np.generic)) else a for a in inputs))
         if not isinstance(results, tuple):
             results = (results,)
         return namedtupledict("Outputs", self.output_names)(*results)
@@ -83,7 +83,8 @@ class PortkernBackend(Backend):
         ops = operators(model)
         what = f"ONNX model {name!r} ({', '.join(ops[:6]) + (', ...' if len(ops) > 6 else '') or 'no operators'})"
         store: Store | None = kwargs.get("store")
-        with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
+        # named with our pid, so that `portkern cache verify` removes it if this process is killed
+        with tempfile.TemporaryDirectory(prefix=f"portkern-onnx-{os.getpid()}-") as tmp:
             bundle, origin = model_bundle(model, name, what, store, Path(tmp))
             try:
                 kernel = bundle.kernel(name, device=spec, tune=kwargs.get("tune"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Sequence
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # OpenCL launch descriptions: loaded with the OpenCL kernels 
 def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:
     """The arguments (NumPy arrays, or framework tensors with `__dlpack__`, viewed without a
     copy) as C-contiguous arrays, or a TypeError/ValueError naming the bad one (two for a
-    break of the shape contract)."""
+    break of the shape contract); a masked array is refused, since its mask would be lost."""
     expected = signature.inputs
     if len(args) != len(expected):
         raise ArgumentTypeError(
@@ -35,6 +36,11 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} must be a numpy array of {spec}, got {type(arg).__name__}"
                 + (f" (pass a scalar as a NumPy scalar: np.{numpy_dtype(spec.dtype).name}({arg!r}))" if not spec.shape and isinstance(arg, (int, float, bool)) else "")
+            )
+        if is_masked(arg):
+            raise ArgumentTypeError(
+                f"{kernel}() argument {index} is a NumPy masked array: a kernel would ignore its mask; "
+                f"pass arg.filled(value) to replace the masked elements, or arg.data to use the values under the mask"
             )
         array = np.asarray(arg)
         if array.dtype != numpy_dtype(spec.dtype):
@@ -51,6 +57,12 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
     if signature.contract is not None:
         signature.contract.bind(kernel, [a.shape for a in arrays])
     return arrays
+
+
+def is_masked(value: object) -> bool:
+    """Whether `value` is a NumPy masked array (only possible once `numpy.ma` is imported)."""
+    ma = sys.modules.get("numpy.ma")
+    return ma is not None and isinstance(value, ma.MaskedArray)
 
 
 #: Per input, the dtype and shape a call's argument must have exactly (see `static_inputs`).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -114,7 +115,7 @@ def build_file(
     manifest_path: str | Path, output: str | Path, progress: Progress | None = None, finish: Finish | None = None, source: bool = True
 ) -> Bundle:
     """Build the bundle a manifest describes and write it to `output` (`source`: see `build`)."""
-    with tempfile.TemporaryDirectory(prefix="portkern-build-") as workdir:
+    with tempfile.TemporaryDirectory(prefix=f"portkern-build-{os.getpid()}-") as workdir:
         bundle = build(load_manifest(manifest_path), progress, Path(workdir), source)
         needed = [(p.kernel, p.scope, p.name) for p in bundle.parameter_data]
         if finish is not None:

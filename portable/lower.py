@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -91,7 +92,7 @@ def _import_onnx_kernel(spec: KernelSpec) -> tuple[bytes, tuple[ParameterData, .
         # older models are upgraded by the importer first, which needs the whole model
         check_model(spec.source.read_bytes(), str(spec.source))
     onnx_semantics.rewrite(model)  # what IREE leaves to the hardware, as onnx's reference computes it
-    with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=f"portkern-onnx-{os.getpid()}-") as tmp:
         path = Path(tmp) / spec.source.name
         path.write_bytes(model.SerializeToString())
         text = import_onnx(path, large=large or has_external_data(model, spec.source), shown=spec.source)
@@ -112,7 +113,7 @@ def import_onnx(path: Path, large: bool = False, shown: Path | None = None) -> b
     errors = []
     attempts = ([], ) if large else ([f"--opset-version={ONNX_OPSET}"], [])
     for opset in attempts:
-        with tempfile.TemporaryDirectory(prefix="portkern-onnx-") as tmp:
+        with tempfile.TemporaryDirectory(prefix=f"portkern-onnx-{os.getpid()}-") as tmp:
             out = Path(tmp) / "model.mlir"
             extra = ["--large-model"] if large else []
             cmd = [sys.executable, "-m", "iree.compiler.tools.import_onnx", str(path), *opset, *extra, *importer_flags(), "-o", str(out)]

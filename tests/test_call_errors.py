@@ -51,6 +51,18 @@ def test_non_contiguous_input_is_accepted_and_correct(gemm):
     np.testing.assert_allclose(out, np.maximum(a[:, :384], 0), rtol=1e-6, atol=1e-6)
 
 
+def test_a_masked_array_is_refused_and_its_filled_values_are_used(gemm):
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((256, 512)).astype(np.float32)
+    b = rng.standard_normal((512, 384)).astype(np.float32)
+    bias = np.ma.masked_less(rng.standard_normal(384).astype(np.float32), 0)
+    assert bias.mask.any()
+    with pytest.raises(ArgumentTypeError, match=r"argument 2 is a NumPy masked array: .*mask.*\.filled\(value\).*\.data"):
+        gemm(a, b, bias)
+    filled = bias.filled(0)
+    np.testing.assert_allclose(gemm(a, b, filled), np.maximum(a @ b + filled, 0), rtol=1e-4, atol=1e-3)
+
+
 def test_unknown_kernel(examples_bundle):
     with pytest.raises(KernelNotFoundError, match="has no kernel 'nope'"):
         portkern.load(examples_bundle).kernel("nope")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import re
@@ -38,12 +39,19 @@ UNWRAPPED_WIDTH = 1000
 
 
 def console(stderr: bool = False):
-    """A rich console; when not writing to a terminal, one that never wraps or folds."""
+    """A rich console; when not writing to a terminal, one that never wraps or folds. A closed
+    output pipe raises BrokenPipeError (which `main` turns into exit status 141) instead of
+    rich's own exit with status 1."""
     from rich.console import Console
 
-    out = Console(stderr=stderr, highlight=False)
+    class PipedConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True
+            raise BrokenPipeError(errno.EPIPE, "output pipe closed")
+
+    out = PipedConsole(stderr=stderr, highlight=False)
     if not out.is_terminal:
-        out = Console(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH, soft_wrap=True)
+        out = PipedConsole(stderr=stderr, highlight=False, width=UNWRAPPED_WIDTH, soft_wrap=True)
     return out
 
 

@@ -36,6 +36,8 @@ def parser() -> argparse.ArgumentParser:
     root = Parser(
         prog="portkern",
         description="Build portable kernel bundles; finalise, tune, cache and run them on this machine.",
+        epilog="Exit status: 0 done; 1 failed or found something wrong; 2 bad command line; 130 interrupted; "
+        "141 stdout closed early (`portkern ... | head`), as for a process ended by SIGPIPE.",
     )
     root.add_argument("--version", action="version", version=f"portkern {__version__}")
     sub = root.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -49,18 +51,29 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; the exit status: 0, 1 when the command failed or found something wrong,
+    2 for a bad command line, 130 when interrupted, and 141 (the shell's status for a process
+    ended by SIGPIPE) for every command whose stdout closed before it finished writing
+    (`portkern inspect B | head -1`), with nothing on stderr."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        try:
+            status = _run(argv)
+        finally:  # `--help` and `--version` end in SystemExit with their text still buffered
+            sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        return quiet_broken_pipe()
+
+
+def _run(argv: list[str]) -> int:
     try:
         args = parser().parse_args(argv)
     except UsageError as exc:
         return fail(exc, "--json" in argv)
     warnings.showwarning = _show_warning
     try:
-        status = emit(args.handler(args), getattr(args, "json", False))
-        sys.stdout.flush()
-        return status
-    except BrokenPipeError:
-        return quiet_broken_pipe()
+        return emit(args.handler(args), getattr(args, "json", False))
     except PortkernError as exc:
         return fail(exc, getattr(args, "json", False))
     except KeyboardInterrupt:
