@@ -32,6 +32,7 @@ from portkern.portable.onnx_parameters import has_external_data
 from portkern.portable.producer import installed_compiler
 from portkern.cache.config import CacheWarning
 from portkern.cache.repair import BUNDLES
+from portkern.cache.scratch import alive
 from portkern.cache.store import Store, default_store
 
 #: How long building one model may take.
@@ -238,21 +239,11 @@ def _sweep_parts(folder: Path) -> None:
     """Remove the partial files of processes that were stopped while writing one."""
     for part in folder.glob(".*.part"):
         pid = part.name.split(".")[-3]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not alive(int(pid)):
             try:
                 part.unlink()
             except OSError:
                 pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
 
 
 def build_isolated(manifest: Path, output: Path, what: str, source: str) -> list[str]:

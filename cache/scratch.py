@@ -33,7 +33,8 @@ def remove_of(pid: int, root: str | Path | None = None) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists (on this machine, whoever owns it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -54,7 +55,7 @@ def orphaned(root: str | Path | None = None) -> list[Path]:
     for path in candidates:
         parts = path.name.split("-", 3)
         if len(parts) == 4 and parts[2].isdigit():
-            if not _alive(int(parts[2])):
+            if not alive(int(parts[2])):
                 found.append(path)
         elif len(parts) == 3 and parts[1] == "pocl":
             try:
