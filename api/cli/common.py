@@ -67,11 +67,11 @@ def emit(report: Report, as_json: bool) -> int:
 def printable(value: object) -> str:
     """`value` as text that cannot steer a terminal: control and format characters (a
     right-to-left override, a zero-width joiner, an escape, a newline) and line or paragraph
-    separators are written as `\\uXXXX`."""
+    separators are written as `\\uXXXX`; a tab (indentation a message may quote) is kept."""
     text = str(value)
     if text.isprintable():
         return text
-    return "".join(ch if ch.isprintable() or ch == " " else f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}" for ch in text)
+    return "".join(ch if ch.isprintable() or ch in " \t" else f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}" for ch in text)
 
 
 def shown(value: object) -> str:
