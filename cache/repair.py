@@ -9,8 +9,10 @@ and everything at `clear`.
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import sys
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -137,13 +139,26 @@ def move_aside(directory: Path) -> Path:
     return aside
 
 
-def remove_everything(directory: Path) -> list[str]:
-    """Delete every file and directory inside `directory`; what could not be deleted."""
+def remove_everything(directory: Path, keep: tuple[str, ...] = ()) -> list[str]:
+    """Delete every file and directory inside `directory` but those named in `keep`; the names
+    whose deletion failed (a file another process creates again right after is not one of them)."""
     left = []
     if not directory.is_dir():
         return left
-    for name in sorted(os.listdir(directory)):
-        remove_path(directory / name)
-        if os.path.lexists(directory / name):
+    for name in sorted(set(os.listdir(directory)) - set(keep)):
+        path = directory / name
+        failed: list[OSError] = []
+        if path.is_dir() and not path.is_symlink():
+            if sys.version_info >= (3, 12):
+                shutil.rmtree(path, onexc=lambda _f, _p, exc: failed.append(exc))
+            else:
+                shutil.rmtree(path, onerror=lambda _f, _p, info: failed.append(info[1]))
+        else:
+            try:
+                path.unlink()
+            except OSError as exc:
+                failed.append(exc)
+        # gone already, or a folder another process has just written a new entry into
+        if any(not isinstance(exc, FileNotFoundError) and exc.errno != errno.ENOTEMPTY for exc in failed):
             left.append(name)
     return left

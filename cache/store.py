@@ -186,6 +186,17 @@ class Store:
     # --- plumbing -----------------------------------------------------------
 
     def _connect(self, layer: _Layer):
+        """A connection to the database at the directory now; the file it opened is recorded as
+        `layer.identity` (a database another process replaces during the open is opened again)."""
+        for _ in range(3):
+            cache = self._connect_once(layer)
+            if layer.identity == repair.identity(layer.directory / repair.DATABASE):
+                return cache
+            cache.close()  # cleared or moved aside while it was opened: which file it opened is unknown
+        return self._connect_once(layer)
+
+    def _connect_once(self, layer: _Layer):
+        seen = repair.identity(layer.directory / repair.DATABASE)
         layer.read_only = not readonly.writable(layer.directory)
         layer.refused = None
         if layer.read_only:
@@ -206,7 +217,8 @@ class Store:
                 with cache.transact():
                     if not index.installed(con):
                         index.install(con, self._unindexed(cache))
-            layer.identity = repair.identity(layer.directory / repair.DATABASE)
+            now = repair.identity(layer.directory / repair.DATABASE)
+            layer.identity = now if seen is None or now == seen else None  # None: replaced during the open
         except BaseException:
             cache.close()
             raise
@@ -675,9 +687,19 @@ class Store:
                     con.execute(f"DELETE FROM {table}")
             return removed
 
-        removed = self._guard(layer, "clear", empty, 0)
+        emptied: list[bool] = []
+
+        def empty_and_note(cache):
+            count = empty(cache)
+            emptied.append(not getattr(cache, "read_only", False))
+            return count
+
+        removed = self._guard(layer, "clear", empty_and_note, 0)
         self._close_connection(layer)
-        left = repair.remove_everything(layer.directory)
+        # An emptied database stays where it is: a process using it meanwhile goes on in the same,
+        # now empty, file (one it had open and that was removed would take its writes unseen);
+        # one that could not be emptied (a damaged one) goes with the rest.
+        left = repair.remove_everything(layer.directory, keep=repair.DATABASE_FILES if emptied else ())
         if left:
             raise CacheError(f"portkern cache clear could not remove {', '.join(left)} from {layer.directory} "
                              f"({removed} entries removed)")

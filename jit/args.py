@@ -21,7 +21,7 @@ if TYPE_CHECKING:  # OpenCL launch descriptions: loaded with the OpenCL kernels 
 def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:
     """The arguments (NumPy arrays, or framework tensors with `__dlpack__`, viewed without a
     copy) as C-contiguous arrays, or a TypeError/ValueError naming the bad one (two for a
-    break of the shape contract); a masked array is refused, since its mask would be lost."""
+    break of the shape contract); a masked array that masks anything is refused, since its mask would be lost."""
     expected = signature.inputs
     if len(args) != len(expected):
         raise ArgumentTypeError(
@@ -60,9 +60,10 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
 
 
 def is_masked(value: object) -> bool:
-    """Whether `value` is a NumPy masked array (only possible once `numpy.ma` is imported)."""
+    """Whether `value` is a NumPy masked array with at least one element masked (only possible
+    once `numpy.ma` is imported); one that masks nothing loses nothing and is used as an array."""
     ma = sys.modules.get("numpy.ma")
-    return ma is not None and isinstance(value, ma.MaskedArray)
+    return ma is not None and isinstance(value, ma.MaskedArray) and bool(ma.getmaskarray(value).any())
 
 
 #: Per input, the dtype and shape a call's argument must have exactly (see `static_inputs`).

@@ -17,6 +17,7 @@ import pytest
 
 import portkern
 from portkern.cache import store as cache_store
+from portkern.cache.repair import DATABASE_FILES
 from portkern.cache.config import CacheConfig, CacheWarning
 from portkern.cache.store import Entry, Store
 from portkern.examples.reference import EXAMPLES
@@ -60,7 +61,9 @@ def test_a_clear_that_leaves_the_cache_unusable_for_a_while_then_hits_again(exam
     assert portkern.load(examples_bundle, store=store).kernel("gemm_glu").origin == "cache"
 
     assert cli(tmp_path, "clear").returncode == 0
-    (tmp_path / "v1" / "cache.db").mkdir()  # and now the database cannot be opened
+    for name in DATABASE_FILES:  # a clear keeps the emptied database; now it cannot be opened
+        (tmp_path / "v1" / name).unlink(missing_ok=True)
+    (tmp_path / "v1" / "cache.db").mkdir()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert portkern.load(examples_bundle, store=store).kernel("gemm_glu").origin == "finalized"

@@ -234,30 +234,6 @@ def test_short_calls_take_turns_unless_side_by_side_can_pay(served, monkeypatch,
         assert _calls_from_threads(small) + entered == [""] * 4
 
 
-def test_a_kernel_first_called_from_busy_threads_is_still_found_short(served, monkeypatch):
-    """The calls that judge a kernel short or long count the calling thread's own time: with
-    another thread holding the GIL for up to a switch interval at a time (5 ms, 25 times a
-    short call), the example mlp is still judged short, and takes turns."""
-    monkeypatch.setattr(gate, "_handoff", [1.0])
-    kernel = served.kernel("mlp")
-    assert kernel.executable._inline_probes == 0
-    done = threading.Event()
-
-    def busy() -> None:
-        while not done.is_set():
-            sum(range(1000))
-
-    hog = threading.Thread(target=busy)
-    hog.start()
-    try:
-        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
-    finally:
-        done.set()
-        hog.join()
-    assert kernel.executable._inline_s < runtime.SMALL_CALL_S
-    assert kernel.executable._choice is gate.TURNS
-
-
 def test_fork_while_a_thread_is_inside_the_gate(served):
     """A child forked while another thread of the parent is inside the gate gets a gate of its
     own (the parent's would never open there)."""
