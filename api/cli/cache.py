@@ -208,7 +208,7 @@ def run_prune(args: argparse.Namespace) -> Report:
 def run_clear(args: argparse.Namespace) -> Report:
     store = store_from(args)
     removed = store.clear(device_filter(args.device, store))
-    what = f"entries of {args.device}" if args.device else "entries (and every other file of the cache)"
+    what = f"entries of {args.device}" if args.device else "entries (and every other file of the cache but its emptied database)"
     return Report({"removed": removed, "device": args.device}, lambda out: out.print(f"removed {removed} {what}"))
 
 
