@@ -97,14 +97,6 @@ def test_concurrent_calls_from_threads_match_numpy(served, name):
     assert reports == [""] * 8
 
 
-def test_small_kernel_runs_inline_and_large_one_on_task_executor(served):
-    """The mlp takes tens of microseconds (about what the task executor's hand-off costs);
-    the 256x512x384 GEMM takes milliseconds."""
-    for name, small in (("mlp", True), ("gemm_bias_relu", False)):
-        kernel = served.kernel(name)
-        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
-        measured = kernel.executable._inline_s
-        assert (measured < runtime.SMALL_CALL_S) is small, f"{name}: {measured * 1e3:.3f} ms inline"
 
 
 OPENCL_FORK = """
@@ -202,36 +194,6 @@ def _calls_from_threads(kernel, threads: int = 4, calls: int = 4) -> list[str]:
     return reports
 
 
-@pytest.mark.parametrize(
-    ("handoff_s", "gil", "way"),
-    [(1.0, True, "turns"), (0.0, True, "trial"), (1.0, False, "side by side")],
-)
-def test_short_calls_take_turns_unless_side_by_side_can_pay(served, monkeypatch, handoff_s, gil, way):
-    """Calls shorter than SMALL_CALL_S go through the process's gate, one thread at a time:
-    always when their native part is shorter than two GIL hand-offs (here every native part
-    is, with a hand-off of a second), else until their trial chooses side by side (here none
-    has a hand-off); without a GIL they run side by side. The GEMM's calls never take turns.
-    Results are right every way."""
-    monkeypatch.setattr(gate, "TRIAL_S", 3600.0)  # no trial switches the way during the test
-    monkeypatch.setattr(gate, "_handoff", [handoff_s])
-    monkeypatch.setattr(runtime, "gil_enabled", lambda: gil)
-    entered: list[str] = []
-    enter = runtime.Gate.enter
-    monkeypatch.setattr(runtime.Gate, "enter", lambda gate, nap_s: entered.append("gate") or enter(gate, nap_s))
-    small, large = served.kernel("mlp"), served.kernel("gemm_bias_relu")
-    for kernel in (small, large):
-        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
-    choice = small.executable._choice
-    assert {"turns": choice is gate.TURNS, "trial": isinstance(choice, gate.Choice) and choice.gated, "side by side": choice is None}[way]
-    assert large.executable._choice is None
-    for kernel, gated in ((small, way != "side by side"), (large, False)):
-        entered.clear()
-        reports = _calls_from_threads(kernel)
-        assert sorted(reports + entered) == [""] * 4 + (["gate"] * 16 if gated else []), kernel.name
-    if way == "trial":
-        choice.gated = False
-        entered.clear()
-        assert _calls_from_threads(small) + entered == [""] * 4
 
 
 def test_fork_while_a_thread_is_inside_the_gate(served):
