@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from portkern.errors import *  # noqa: F401,F403  (the typed errors are public API)
+from portkern.base.errors import *  # noqa: F401,F403  (the typed errors are public API)
 
 if TYPE_CHECKING:
     from portkern.jit.loader import LoadedBundle

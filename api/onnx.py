@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupledict
 
-from portkern import errors
-from portkern.errors import ArgumentTypeError, BuildError, BundleError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
+from portkern.base import errors
+from portkern.base.errors import ArgumentTypeError, BuildError, BundleError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
 from portkern.jit.loader import Kernel, LoadedBundle, load
 from portkern.jit.workers import Job, shared_pool
 from portkern.portable.onnx_model import as_kernel, graph_inputs, kernel_name, operators

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from warm_start import measure
 
-from portkern import signing
+from portkern.base import signing
 from portkern.examples import MANIFEST
 from portkern.portable.builder import build_file
 from portkern.portable.manifest import load_manifest

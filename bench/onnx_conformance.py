@@ -52,7 +52,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from portkern.errors import brief
+from portkern.base.errors import brief
 from portkern.examples import onnx_conformance as conf
 
 SIDES = ("portkern", "iree")

@@ -157,7 +157,7 @@ def main() -> int:
                 try:
                     built = plain.native(plain.record(name), tuned.target, config)
                     optimised = bundle.native(record, tuned.target, config)
-                except portkern.errors.PortkernError as exc:
+                except portkern.base.errors.PortkernError as exc:
                     o0.append({"config": config, "error": str(exc)[:200]})
                     continue
                 pair = [Executable(n.data, record, tuned.target, config) for n in (optimised, built)]

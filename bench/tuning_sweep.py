@@ -32,7 +32,7 @@ from pathlib import Path
 import portkern
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.errors import PortkernError, brief
+from portkern.base.errors import PortkernError, brief
 from portkern.examples import MANIFEST, onnx_models
 from portkern.jit import devices
 from portkern.portable.builder import build_file

@@ -39,7 +39,7 @@ from portkern.cache.store import Store
 from portkern.examples import MANIFEST
 from portkern.jit import devices, finalize
 from portkern.jit.workers import Pool
-from portkern.errors import FinalizeError
+from portkern.base.errors import FinalizeError
 from portkern.portable.builder import build_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))

@@ -1,4 +1,4 @@
-"""Where the cache lives and how big it may grow, from the settings (`portkern.settings`).
+"""Where the cache lives and how big it may grow, from the settings (`portkern.base.settings`).
 
 Mirrors what users know from CUDA's and AMD's JIT caches:
 
@@ -19,8 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from portkern import settings
-from portkern.settings import flag as env_flag  # noqa: F401  (jit.background reads its flag through it)
+from portkern.base import settings
+from portkern.base.settings import flag as env_flag  # noqa: F401  (jit.background reads its flag through it)
 
 DEFAULT_MAX_SIZE = settings.DEFAULT_CACHE_MAXSIZE
 #: A layout version in the path, so an incompatible future layout starts afresh.

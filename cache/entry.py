@@ -6,7 +6,7 @@ import json
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
-from portkern.errors import CacheError
+from portkern.base.errors import CacheError
 
 
 class CorruptRecordError(CacheError):

@@ -1,11 +1,11 @@
 """The remote tier: native code and tuning results shared by a fleet through Redis.
 
 `PORTKERN_REMOTE_CACHE=redis://[:password@]host:port/db` (or `rediss://` for TLS, as
-redis-py reads URLs) turns it on. Each value is one framed document (`portkern.portable.framing`,
+redis-py reads URLs) turns it on. Each value is one framed document (`portkern.base.framing`,
 magic `\\x89PKR\\r\\n\\x1a\\n`): `{"meta": {kind, key, sha256, signature?...}, "blobs":
 {"data": ...}}` under `portkern:v1:<kind>:<key>`. Values are written once (`SET NX`);
 eviction is left to Redis (`maxmemory-policy`). Only publishers write (`PORTKERN_ROLE`,
-`portkern.signing`): they sign each value with `PORTKERN_SIGNING_KEY` (over the bytes as a
+`portkern.base.signing`): they sign each value with `PORTKERN_SIGNING_KEY` (over the bytes as a
 file named after the key); readers write nothing. With trusted keys configured
 (`PORTKERN_TRUSTED_KEYS`), any value no trusted key signed is dropped, whether or not
 `PORTKERN_REQUIRE_SIGNATURE` is set.
@@ -37,10 +37,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from portkern import schemas, settings, signing
-from portkern.portable import framing
+from portkern import schemas
+
+from portkern.base import settings, signing
+from portkern.base import framing
 from portkern.cache.config import CacheWarning
-from portkern.errors import CacheError, PortkernError
+from portkern.base.errors import CacheError, PortkernError
 
 REMOTE_ENV = settings.REMOTE_CACHE
 MAX_VALUE_ENV = settings.REMOTE_MAX_VALUE
@@ -87,7 +89,7 @@ class Fetched:
 
 
 def config_from_env() -> RemoteConfig | None:
-    """The remote tier the settings (`portkern.settings`) name, or None. Never raises: an
+    """The remote tier the settings (`portkern.base.settings`) name, or None. Never raises: an
     unusable limit is one warning and its default."""
     url = settings.remote_url()
     if not url:

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from portkern import settings
+from portkern.base import settings
 from portkern.cache import index, readonly, repair
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
 from portkern.cache.device import DeviceFingerprint
@@ -53,7 +53,7 @@ from portkern.cache.hits import HitLog, Pending
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
 from portkern.cache.repair import Finding
-from portkern.errors import CacheError
+from portkern.base.errors import CacheError
 
 if TYPE_CHECKING:
     from portkern.cache.remote import RemoteCache

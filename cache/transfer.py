@@ -1,6 +1,6 @@
 """`portkern cache export/import`: native code and tuning results moved between machines.
 
-An export file is framed like a bundle (`portkern.portable.framing`, magic
+An export file is framed like a bundle (`portkern.base.framing`, magic
 `\\x89PKX\\r\\n\\x1a\\n`); its payload is `{"meta": <schemas/cache-export.schema.json>,
 "blobs": {<sha256>: <artifact bytes>}}`. Import treats the file as untrusted:
 it checks the schema, every artifact's hash, and recomputes every key from the
@@ -9,7 +9,7 @@ was built for. Entries for other devices are kept (a fleet file may carry many)
 but never match this one; a local entry that is intact is never replaced.
 
 Native code is code this machine will run, so it is imported only from a file
-whose signature (`FILE.sig`, `portkern.signing`) verifies with a key in
+whose signature (`FILE.sig`, `portkern.base.signing`) verifies with a key in
 `PORTKERN_TRUSTED_KEYS`, unless the caller allows unsigned code; tuning results
 are suggestions (their code is built here) and import either way.
 """
@@ -21,12 +21,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from portkern import schemas, signing
-from portkern.portable import framing
+from portkern import schemas
+
+from portkern.base import signing
+from portkern.base import framing
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, tuning_key
 from portkern.cache.store import Entry, Store, matches_device
-from portkern.errors import CacheError
+from portkern.base.errors import CacheError
 
 MAGIC = b"\x89PKX\r\n\x1a\n"
 FORMAT = framing.Format.with_error("cache export", MAGIC, 1, 0, CacheError)

@@ -13,7 +13,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from portkern import onnx as backend
-from portkern.errors import BuildError, FinalizeError, PortkernError, brief
+from portkern.base.errors import BuildError, FinalizeError, PortkernError, brief
 from portkern.examples import onnx_models
 
 #: Outcomes of one case on one side, in the order they are reported.

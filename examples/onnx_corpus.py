@@ -149,7 +149,7 @@ def run_route(model: Model, route: str, work: Path, by_names: bool = False) -> d
 
     import portkern
     from portkern import onnx as backend
-    from portkern.errors import PortkernError, brief
+    from portkern.base.errors import PortkernError, brief
 
     inputs, outputs = reference(model)
     if route == "backend":

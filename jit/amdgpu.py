@@ -16,7 +16,7 @@ import sys
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError, brief
+from portkern.base.errors import DeviceError, brief
 from portkern.jit import gpu
 from portkern.jit.codeobject import AMDGPU_PROCESSORS
 from portkern.jit.target import Probe, Target

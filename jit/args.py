@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from portkern.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
+from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
 from portkern.jit.tensors import as_array, is_tensor
 from portkern.portable.bundle import Signature
 from portkern.portable.dtypes import numpy_dtype

@@ -21,7 +21,7 @@ import threading
 from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
 from portkern.cache.config import env_flag
-from portkern.errors import FinalizeError, PortkernError
+from portkern.base.errors import FinalizeError, PortkernError
 
 if TYPE_CHECKING:  # the worker pool's module is loaded when something compiles
     from portkern.jit.workers import Pool

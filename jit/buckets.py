@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from portkern.errors import PortkernError
+from portkern.base.errors import PortkernError
 
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, TensorSpec
 from portkern.portable.contract import ShapeContract

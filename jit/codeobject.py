@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import msgpack
 
 from portkern.cache.device import DeviceFingerprint
-from portkern.errors import CodeObjectError
+from portkern.base.errors import CodeObjectError
 from portkern.jit import elf
 
 EM_AMDGPU = 224

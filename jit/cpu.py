@@ -21,7 +21,7 @@ from typing import Iterable
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError, brief
+from portkern.base.errors import DeviceError, brief
 from portkern.jit import aarch64
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 

@@ -20,7 +20,7 @@ import sys
 
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError, brief
+from portkern.base.errors import DeviceError, brief
 from portkern.jit import gpu
 from portkern.jit.target import Probe, Target
 

@@ -11,7 +11,7 @@ import importlib
 from types import ModuleType
 
 from portkern.cache.store import Store
-from portkern.errors import DeviceError
+from portkern.base.errors import DeviceError
 from portkern.jit.target import Probe, Target
 
 _BACKENDS = {

@@ -13,7 +13,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from portkern.errors import CompileError, FinalizeError
+from portkern.base.errors import CompileError, FinalizeError
 from portkern.jit import codeobject
 from portkern.jit.gpu import fit
 from portkern.jit.target import Target

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Iterator, Sequence
 
 import numpy as np
 
-from portkern import schemas, settings
+from portkern import schemas
+
+from portkern.base import settings
 from portkern.cache.keys import validated_key
 from portkern.cache.store import UNUSABLE, CacheWarning, Store, default_store
-from portkern.errors import CompileForbiddenError, DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError, brief
+from portkern.base.errors import CompileForbiddenError, DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError, brief
 from portkern.jit import background, buckets, devices
 from portkern.jit.args import check_arguments, exact_arguments, static_inputs
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
@@ -72,7 +74,7 @@ def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
     carries prebuilt native code or only code to compile here; `data`: its bytes as read."""
     if not (settings.trusted_keys_file() or settings.require_signature() or settings.role()):
         return  # no trusted key, nothing required (the policy `signing.from_env` would give checks nothing)
-    from portkern import signing
+    from portkern.base import signing
 
     signing.from_env().check_bundle(path, data if bundle.parameters is None else None)
 

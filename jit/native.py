@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from portkern import settings
+from portkern.base import settings
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Filter, Store
-from portkern.errors import BundleError, CompileForbiddenError, DeviceError, FinalizeError, PortkernError
+from portkern.base.errors import BundleError, CompileForbiddenError, DeviceError, FinalizeError, PortkernError
 from portkern.jit import cpu
 from portkern.jit.parameters import KernelParameters, MappedSection
 from portkern.jit.target import Target

@@ -27,7 +27,7 @@ from typing import Any
 from portkern.cache import scratch as scratch_dirs
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.errors import DeviceError, ForkError
+from portkern.base.errors import DeviceError, ForkError
 from portkern.jit.target import Probe, Target
 
 KIND = "opencl"

@@ -23,7 +23,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from portkern.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, LaunchSpecError, PerfConfigError, PortkernError, brief
+from portkern.base.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, LaunchSpecError, PerfConfigError, PortkernError, brief
 from portkern.jit import opencl
 from portkern.jit.args import bind_launch
 from portkern.jit.target import Target

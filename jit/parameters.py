@@ -20,7 +20,7 @@ from pathlib import Path
 
 from portkern.cache.keys import parameters_key
 from portkern.cache.store import Store
-from portkern.errors import BundleError
+from portkern.base.errors import BundleError
 from portkern.portable.bundle import Bundle, KernelRecord
 from portkern.portable.parameters import Parameter, ParameterSection, check_file_size, verify_chunks
 

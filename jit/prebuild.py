@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from portkern.errors import DeviceError, PortkernError, brief
+from portkern.base.errors import DeviceError, PortkernError, brief
 from portkern.jit.finalize import finalize
 from portkern.jit.target import Target
 from portkern.jit.toolchain import IREE

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
-from portkern.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError, brief
+from portkern.base.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError, brief
 from portkern.jit.gate import TURNS, Choice, Gate, Turns, choose
 from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
 from portkern.portable.interpreter import gil_enabled

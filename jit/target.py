@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from portkern.cache.device import DeviceFingerprint
-from portkern.errors import CompileError, DeviceError
+from portkern.base.errors import CompileError, DeviceError
 from portkern.portable.producer import installed_compiler
 
 if TYPE_CHECKING:

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from portkern.errors import ArgumentTypeError, brief
+from portkern.base.errors import ArgumentTypeError, brief
 
 #: A function that turns a call's result array into the caller's framework's tensor.
 Wrap = Callable[[np.ndarray], object]

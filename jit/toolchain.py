@@ -6,7 +6,7 @@ the compiling is done by the workers (`portkern.jit.worker`).
 
 from __future__ import annotations
 
-from portkern.errors import FinalizeError
+from portkern.base.errors import FinalizeError
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.producer import installed_compiler, installed_runtime

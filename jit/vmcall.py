@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from portkern.errors import KernelRuntimeError
+from portkern.base.errors import KernelRuntimeError
 
 #: IREE's heap buffer alignment (IREE_HAL_HEAP_BUFFER_ALIGNMENT): code may assume it of every buffer.
 ALIGNMENT = 64

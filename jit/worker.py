@@ -213,7 +213,7 @@ def _bound_memory(limit: int) -> None:
 
 def run_job(state: _State, job: dict) -> dict:
     """One job's result message; errors are reported by type name, never raised."""
-    from portkern.errors import PortkernError, brief
+    from portkern.base.errors import PortkernError, brief
 
     result: dict[str, Any] = {"id": job.get("id"), "ok": False, "error": "", "error_type": ""}
     handler = _KINDS.get(job.get("kind", ""))
@@ -238,7 +238,7 @@ def _unexpected(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         # under the address-space bound, an allocation refused anywhere (a library's own, an import) is out of memory
         return {"error": "out of memory", "error_type": "MemoryError"}
-    from portkern.errors import brief
+    from portkern.base.errors import brief
 
     # the compiler's state is not to be trusted after this: the parent replaces the worker
     return {"error": f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=1000)}", "error_type": "", "retire": True}

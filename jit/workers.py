@@ -4,7 +4,7 @@ Finalisation and tuning both hand their compiler work to this pool. Each
 worker is a persistent Python process (`portkern.jit.worker`) with the
 compiler already imported; the parent hands one job at a time to each idle
 worker and waits on their pipes with a per-job deadline. Every job runs
-under two bounds read from the settings (`portkern.settings`) when it is handed out:
+under two bounds read from the settings (`portkern.base.settings`) when it is handed out:
 
 - `PORTKERN_COMPILE_TIMEOUT`: wall time, a duration (default 120 s);
 - `PORTKERN_COMPILE_MEMORY`: address space of the worker, a size such as `4GiB`
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Iterable
 
-from portkern import errors, settings
+from portkern.base import errors, settings
 from portkern.cache import scratch
-from portkern.errors import FinalizeError, PortkernError, brief
+from portkern.base.errors import FinalizeError, PortkernError, brief
 from portkern.jit.target import Target
 from portkern.jit.worker import read_frame, write_frame
 
@@ -53,12 +53,12 @@ START_TIMEOUT_S = 120.0
 
 
 def timeout_s() -> float:
-    """The per-job wall-time bound now in force (`portkern.settings.compile_timeout_s`)."""
+    """The per-job wall-time bound now in force (`portkern.base.settings.compile_timeout_s`)."""
     return settings.compile_timeout_s()
 
 
 def memory_bytes() -> int:
-    """The per-job address-space bound now in force (0: none; `portkern.settings.compile_memory`)."""
+    """The per-job address-space bound now in force (0: none; `portkern.base.settings.compile_memory`)."""
     return settings.compile_memory()
 
 

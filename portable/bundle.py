@@ -1,6 +1,6 @@
 """The `.pkb` bundle format (v1): reading, writing and the records it holds.
 
-The file is framed by `portkern.portable.framing` with the magic `\\x89PKB\\r\\n\\x1a\\n`;
+The file is framed by `portkern.base.framing` with the magic `\\x89PKB\\r\\n\\x1a\\n`;
 the framing's digest (sha256 of the payload) is the bundle digest. The
 payload is `{"meta": <metadata, see schemas/bundle.schema.json>, "blobs":
 {<sha256 hex>: <bytes>}}`; docs/bundle-format.md has the full description.
@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from portkern.portable import framing
-from portkern.errors import (
+from portkern.base import framing
+from portkern.base.errors import (
     BadMagicError,
     BundleError,
     BundleTruncatedError,
@@ -278,7 +278,7 @@ class Bundle:
     parameter_data: tuple[ParameterData, ...] = ()
 
     def kernel(self, name: str) -> KernelRecord:
-        from portkern.errors import KernelNotFoundError, did_you_mean
+        from portkern.base.errors import KernelNotFoundError, did_you_mean
 
         for record in self.kernels:
             if record.name == name:

@@ -13,7 +13,7 @@ import io
 import threading
 from typing import TYPE_CHECKING, Sequence
 
-from portkern.errors import CompileError, brief
+from portkern.base.errors import CompileError, brief
 from portkern.portable.interpreter import gil_enabled
 
 if TYPE_CHECKING:

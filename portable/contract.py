@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence, Union
 
-from portkern.errors import ArgumentShapeError, ArgumentTypeError
+from portkern.base.errors import ArgumentShapeError, ArgumentTypeError
 
 #: One dimension: a size, or a symbol.
 Dim = Union[int, str]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Hashable, Mapping, Sequence
 
-from portkern.errors import BuildError, CompileError
+from portkern.base.errors import BuildError, CompileError
 from portkern.portable.bundle import Signature
 from portkern.portable.compiler import Compiler, operations
 from portkern.portable.contract import SYMBOL, Dim, ShapeContract, UncheckedShapesWarning, escaped, identifiers_for

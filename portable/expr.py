@@ -20,7 +20,7 @@ import operator
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
-from portkern.errors import LaunchSpecError
+from portkern.base.errors import LaunchSpecError
 
 MAX_TEXT = 256
 MAX_NODES = 64

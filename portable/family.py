@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from portkern.errors import BuildError, CompileError, brief
+from portkern.base.errors import BuildError, CompileError, brief
 from portkern.portable.compiler import operations
 from portkern.portable.lower import PORTABLE_PHASE
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from portkern.errors import LaunchSpecError, MalformedBundleError
+from portkern.base.errors import LaunchSpecError, MalformedBundleError
 from portkern.portable import expr
 from portkern.portable.bundle import KernelRecord, Signature, TensorSpec
 from portkern.schemas import schema

@@ -10,7 +10,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from portkern.errors import BuildError, CompileError, brief
+from portkern.base.errors import BuildError, CompileError, brief
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.dtypes import BY_ELEMENT

@@ -8,8 +8,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from portkern.errors import LaunchSpecError, ManifestError, brief, did_you_mean
-from portkern.portable.framing import read_bounded
+from portkern.base.errors import LaunchSpecError, ManifestError, brief, did_you_mean
+from portkern.base.framing import read_bounded
 from portkern.schemas import validator
 
 #: Source suffix -> kernel kind, for kernels whose manifest entry names no kind.

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from portkern.errors import BuildError
+from portkern.base.errors import BuildError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from portkern.errors import BuildError
+from portkern.base.errors import BuildError
 from portkern.portable.onnx_layout import TRANSPOSED_KEY, transpose_matmul_weights
 from portkern.portable.onnx_model import prepare
 from portkern.portable.onnx_wire import strip_initializers

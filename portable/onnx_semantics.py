@@ -66,7 +66,7 @@ kernel computes what onnx's reference computes, on every ISA level it runs on.
 
 from __future__ import annotations
 
-from portkern.errors import BuildError, brief
+from portkern.base.errors import BuildError, brief
 
 #: Integer element types (TensorProto codes) -> (bits, signed).
 _INTEGERS = {2: (8, False), 3: (8, True), 4: (16, False), 5: (16, True), 6: (32, True), 7: (64, True), 12: (32, False), 13: (64, False)}

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from portkern.errors import BuildError
+from portkern.base.errors import BuildError
 
 # Field numbers (onnx.proto3).
 _MODEL_GRAPH = 7

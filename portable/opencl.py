@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from portkern.errors import BuildError, CompileError, LaunchSpecError, brief
+from portkern.base.errors import BuildError, CompileError, LaunchSpecError, brief
 from portkern.portable import spirv
-from portkern.portable.framing import read_bounded
+from portkern.base.framing import read_bounded
 from portkern.portable.bundle import KernelRecord, Stage, sha256
 from portkern.portable.launch import ELEMENTS, Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, point_text, where_of
 from portkern.portable.manifest import KernelSpec

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
 
-from portkern.errors import BundleTruncatedError, DigestMismatchError, MalformedBundleError
+from portkern.base.errors import BundleTruncatedError, DigestMismatchError, MalformedBundleError
 
 #: The section starts on a page boundary, so it can be mapped as it is.
 SECTION_ALIGNMENT = 4096

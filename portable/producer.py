@@ -9,7 +9,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from portkern.errors import IncompatibleProducerError
+from portkern.base.errors import IncompatibleProducerError
 
 
 @dataclass(frozen=True)

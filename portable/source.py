@@ -29,7 +29,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from portkern.errors import BuildError, IncompatibleProducerError
+from portkern.base.errors import BuildError, IncompatibleProducerError
 from portkern.portable.bundle import SOURCE_PHASE, Bundle, KernelRecord, Stage, sha256
 from portkern.portable.parameters import referenced
 from portkern.portable.producer import installed_compiler, same_release

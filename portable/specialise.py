@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from portkern.errors import CompileError
+from portkern.base.errors import CompileError
 from portkern.portable.compiler import Compiler, bytecode, operations
 from portkern.portable.contract import ShapeContract
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from portkern.errors import CompileError
+from portkern.base.errors import CompileError
 
 MAGIC = 0x07230203
 MAX_MODULE_BYTES = 64 << 20

@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from portkern.errors import BuildError, brief
+from portkern.base.errors import BuildError, brief
 from portkern.portable.parameters import DEFAULT_SCOPE, MAX_SECTION_BYTES, ParameterData, file_pieces, referenced
 
 TORCH_IMPORT_TIMEOUT_S = 1800

@@ -56,7 +56,7 @@ def keys(tmp_path_factory) -> Path:
     """Signing key pairs (EC P-256) in one directory: `trusted` and `other`, both in
     `trusted-keys.pem` (named "build farm" and "colleague"), and `stranger`, trusted by no one."""
     pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (model-signing)")
-    from portkern import signing
+    from portkern.base import signing
 
     where = tmp_path_factory.mktemp("keys")
     for name in ("trusted", "other", "stranger"):

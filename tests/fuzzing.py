@@ -37,9 +37,9 @@ import numpy as np
 from helpers import dense_onnx, reseal
 
 import portkern
-from portkern.portable import framing
+from portkern.base import framing
 from portkern.cache.store import Store
-from portkern.errors import PortkernError
+from portkern.base.errors import PortkernError
 from portkern.portable.bundle import MAGIC
 from portkern.portable.parameters import section_offset
 from portkern.portable.source import FORMATS as SOURCE_FORMATS

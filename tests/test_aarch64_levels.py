@@ -11,7 +11,7 @@ import pytest
 import portkern
 from portkern.cache.device import DeviceFingerprint
 from portkern.cli.main import main
-from portkern.errors import DeviceError
+from portkern.base.errors import DeviceError
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import aarch64, cpu, elf

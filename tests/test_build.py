@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from portkern.errors import BuildError
+from portkern.base.errors import BuildError
 from portkern.examples import MANIFEST
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import read_bundle
@@ -70,7 +70,7 @@ def test_invalid_onnx_model(tmp_path):
 
 def test_a_free_threaded_python_gets_a_typed_error_not_a_hang(monkeypatch):
     """IREE's compiler API never returned on Python 3.13t: refused at once, with what to do."""
-    from portkern.errors import CompileError
+    from portkern.base.errors import CompileError
     from portkern.portable import compiler
 
     monkeypatch.setattr(compiler, "gil_enabled", lambda: False)

@@ -9,7 +9,7 @@ from dataclasses import replace
 import msgpack
 import pytest
 
-from portkern.errors import (
+from portkern.base.errors import (
     BadMagicError,
     BundleTruncatedError,
     DigestMismatchError,

@@ -8,7 +8,7 @@ import tempfile
 import pytest
 
 import portkern
-from portkern.portable import framing
+from portkern.base import framing
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.cache.transfer import FORMAT
@@ -182,7 +182,7 @@ def _valid_meta() -> dict:
 )
 def test_the_compiled_export_check_refuses_what_the_schema_refuses(change):
     from portkern.cache.transfer import check_meta
-    from portkern.errors import CacheError
+    from portkern.base.errors import CacheError
     from portkern.schemas import validator
 
     meta = _valid_meta()

@@ -11,11 +11,11 @@ import pytest
 
 import portkern
 from portkern.cache.config import CacheConfig, from_env
-from portkern.settings import parse_duration as parse_age, parse_size
+from portkern.base.settings import parse_duration as parse_age, parse_size
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Store
-from portkern.errors import SettingError
+from portkern.base.errors import SettingError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit.toolchain import IreeToolchain
 

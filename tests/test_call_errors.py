@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import portkern
-from portkern.errors import ArgumentShapeError, ArgumentTypeError, KernelNotFoundError
+from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, KernelNotFoundError
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import portkern
-from portkern.errors import ArgumentShapeError, ArgumentTypeError
+from portkern.base.errors import ArgumentShapeError, ArgumentTypeError
 from portkern.jit import vmcall
 from portkern.portable.builder import build_file
 

@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from portkern.errors import CodeObjectError
+from portkern.base.errors import CodeObjectError
 from portkern.jit import codeobject, elf
 from portkern.jit.devices import resolve
 

@@ -7,7 +7,7 @@ import re
 import pytest
 
 import portkern
-from portkern.errors import DeviceError
+from portkern.base.errors import DeviceError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import cpu
 from portkern.jit.devices import resolve

@@ -37,7 +37,7 @@ SCRIPT = textwrap.dedent(
     import atexit, sys, threading, time
     import numpy as np
     import portkern
-    from portkern.errors import PortkernError
+    from portkern.base.errors import PortkernError
     from portkern.examples.reference import EXAMPLES
     from portkern.jit.workers import shared_pool
 

@@ -13,8 +13,8 @@ pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (
 
 import portkern  # noqa: E402
 from helpers import assert_matches  # noqa: E402
-from portkern import signing  # noqa: E402
-from portkern.portable import framing  # noqa: E402
+from portkern.base import signing  # noqa: E402
+from portkern.base import framing  # noqa: E402
 from portkern.cache.config import CacheConfig  # noqa: E402
 from portkern.cache.store import Store  # noqa: E402
 from portkern.cache.transfer import FORMAT  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 import portkern
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.errors import FinalizeError
+from portkern.base.errors import FinalizeError
 
 from fuzzing import KINDS, SOURCE_FORMATS, build_seed, cases, references, run_case, tally
 from helpers import opencl_device_missing, opencl_toolchain_missing

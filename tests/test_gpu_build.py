@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from portkern.errors import CompileError
+from portkern.base.errors import CompileError
 from portkern.examples import MANIFEST
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import read_bundle

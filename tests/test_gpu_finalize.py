@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import portkern
-from portkern.errors import CodeObjectError, DeviceError
+from portkern.base.errors import CodeObjectError, DeviceError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import amdgpu, codeobject, cuda, elf
 from portkern.jit.devices import resolve

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from portkern.cli.main import main
-from portkern.errors import DeviceError
+from portkern.base.errors import DeviceError
 from portkern.jit import amdgpu, cuda
 from portkern.jit.devices import probe_all, resolve
 from portkern.jit.gpu import driver_problem

@@ -10,7 +10,7 @@ from helpers import build_mlir
 
 import portkern
 from portkern.cli.main import main
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.examples import GEMM_RELU_768
 from portkern.jit import devices
 from portkern.jit.workers import Pool

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from portkern.errors import ArgumentTypeError, KernelNotFoundError, ManifestError, did_you_mean
+from portkern.base.errors import ArgumentTypeError, KernelNotFoundError, ManifestError, did_you_mean
 from portkern.jit.args import check_arguments
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.manifest import load_manifest

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import portkern
-from portkern.errors import ArgumentShapeError, LaunchSpecError, MalformedBundleError, ManifestError
+from portkern.base.errors import ArgumentShapeError, LaunchSpecError, MalformedBundleError, ManifestError
 from portkern.jit.args import bind_launch
 from portkern.portable import expr
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, TensorSpec, sha256, write_bundle

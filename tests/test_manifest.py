@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from portkern.errors import ManifestError
+from portkern.base.errors import ManifestError
 from portkern.portable.manifest import load_manifest
 
 KERNEL = "func.func @k(%a: tensor<4xf32>) -> tensor<4xf32> { return %a : tensor<4xf32> }\n"

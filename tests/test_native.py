@@ -13,15 +13,15 @@ import numpy as np
 import pytest
 
 import portkern
-from portkern import settings
-from portkern.errors import FinalizeError, PerfConfigError
+from portkern.base import settings
+from portkern.base.errors import FinalizeError, PerfConfigError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices, worker, workers
 from portkern.jit.workers import Job, Pool, Source
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import read_bundle
 from portkern.portable.compiler import Compiler
-from portkern.settings import SettingWarning
+from portkern.base.settings import SettingWarning
 
 from fuzzing import slow_module
 from helpers import assert_matches

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import portkern
-from portkern.errors import BuildError, ManifestError, MalformedBundleError
+from portkern.base.errors import BuildError, ManifestError, MalformedBundleError
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import encode
 from portkern.portable.verify import read_back

@@ -16,7 +16,7 @@ onnx = pytest.importorskip("onnx")
 import portkern  # noqa: E402
 from portkern import onnx as backend  # noqa: E402
 from portkern.cli.main import main  # noqa: E402
-from portkern.errors import ArgumentTypeError, BuildError  # noqa: E402
+from portkern.base.errors import ArgumentTypeError, BuildError  # noqa: E402
 from portkern.examples import MANIFEST, onnx_corpus as corpus  # noqa: E402
 from portkern.examples.reference import EXAMPLES  # noqa: E402
 from portkern.portable.builder import build_file  # noqa: E402

@@ -16,7 +16,7 @@ from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import portkern  # noqa: E402
 import portkern.onnx as backend  # noqa: E402
-from portkern.errors import BuildError  # noqa: E402
+from portkern.base.errors import BuildError  # noqa: E402
 from portkern.portable.builder import build_file  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-5

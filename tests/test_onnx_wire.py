@@ -14,7 +14,7 @@ onnx = pytest.importorskip("onnx", reason="ONNX models need the 'onnx' package")
 
 import portkern  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
-from portkern.errors import BuildError  # noqa: E402
+from portkern.base.errors import BuildError  # noqa: E402
 from portkern.examples.large_mlp import reference, write_mlp  # noqa: E402
 from portkern.portable import bundle as fmt  # noqa: E402
 from portkern.portable import onnx_parameters  # noqa: E402

@@ -7,7 +7,7 @@ import struct
 import pytest
 
 from helpers import opencl_toolchain_missing
-from portkern.errors import BuildError
+from portkern.base.errors import BuildError
 from portkern.examples import OPENCL_MANIFEST
 from portkern.examples.reference import HERE
 from portkern.portable import spirv

@@ -11,7 +11,7 @@ import portkern
 from helpers import assert_matches, opencl_device_missing, opencl_toolchain_missing
 from portkern.cache.store import CacheWarning
 from portkern.cli.main import main
-from portkern.errors import ArgumentShapeError, ArgumentTypeError, DeviceError, TuningError
+from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, DeviceError, TuningError
 from portkern.examples import OPENCL_MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import opencl

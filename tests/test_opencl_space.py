@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from portkern.errors import LaunchSpecError, ManifestError
+from portkern.base.errors import LaunchSpecError, ManifestError
 from portkern.jit.args import bind_launch
 from portkern.portable.launch import MAX_POINTS, Launch, from_manifest, point_config
 from portkern.portable.manifest import load_manifest

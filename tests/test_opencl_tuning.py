@@ -116,7 +116,7 @@ def test_every_valid_point_is_built_failures_dropped_identical_spirv_stored_once
 
 def test_a_default_point_that_does_not_build_fails_the_build(tmp_path):
     entry = {**SCALE_ENTRY, "defines": {"W": 4, "L": 32, "BAD": 0}}
-    with pytest.raises(portkern.errors.BuildError, match=r"the default point \(W=4,L=32,BAD=0\) does not build: .*this point does not build"):
+    with pytest.raises(portkern.base.errors.BuildError, match=r"the default point \(W=4,L=32,BAD=0\) does not build: .*this point does not build"):
         _bundle(tmp_path, entry, sources={"scale.cl": SCALE})
 
 

@@ -14,10 +14,10 @@ import pytest
 pytest.importorskip("onnx", reason="ONNX models need the 'onnx' package")
 
 import portkern  # noqa: E402
-from portkern.errors import BundleTruncatedError, DigestMismatchError, MalformedBundleError  # noqa: E402
+from portkern.base.errors import BundleTruncatedError, DigestMismatchError, MalformedBundleError  # noqa: E402
 from portkern.examples.large_mlp import reference, weight_bytes, write_mlp  # noqa: E402
 from portkern.jit import parameters as mapped  # noqa: E402
-from portkern.portable import framing  # noqa: E402
+from portkern.base import framing  # noqa: E402
 from portkern.portable import bundle as fmt  # noqa: E402
 from portkern.portable.builder import build_file  # noqa: E402
 from portkern.portable.parameters import CHUNK_BYTES, ENTRY_ALIGNMENT  # noqa: E402

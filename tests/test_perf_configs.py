@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.tuner import kernel_config, registry
 from portkern.tuner.amdgpu_config import AmdGpuConfig
 from portkern.tuner.cpu_config import CpuConfig

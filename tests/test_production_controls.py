@@ -11,11 +11,11 @@ import pytest
 
 import portkern
 from helpers import assert_matches, build_mlir
-from portkern import settings
+from portkern.base import settings
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.cli.main import main
-from portkern.errors import CompileForbiddenError
+from portkern.base.errors import CompileForbiddenError
 from portkern.jit import devices
 
 ADD = """

@@ -21,8 +21,8 @@ pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (
 
 import portkern  # noqa: E402
 from helpers import assert_matches  # noqa: E402
-from portkern import signing  # noqa: E402
-from portkern.portable import framing  # noqa: E402
+from portkern.base import signing  # noqa: E402
+from portkern.base import framing  # noqa: E402
 from portkern.cache import remote  # noqa: E402
 from portkern.cache.config import CacheConfig  # noqa: E402
 from portkern.cache.keys import tuning_key  # noqa: E402

@@ -1,4 +1,4 @@
-"""One settings module (`portkern.settings`): one meaning per size suffix, bounds on every
+"""One settings module (`portkern.base.settings`): one meaning per size suffix, bounds on every
 setting (a too-large value is clamped with a warning), one policy for a bad value (a warning
 and the default), and no other module reading `PORTKERN_*` from the environment."""
 
@@ -11,18 +11,18 @@ from pathlib import Path
 import pytest
 
 import portkern
-from portkern import settings, signing
+from portkern.base import settings, signing
 from portkern.cache.config import CacheConfig, from_env
 from portkern.cache.store import Store
-from portkern.errors import KeyFileError, SettingError
+from portkern.base.errors import KeyFileError, SettingError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import workers
-from portkern.settings import SettingWarning
+from portkern.base.settings import SettingWarning
 
 from helpers import assert_matches
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("api", "portable", "jit", "cache", "tuner", "schemas", "examples")
+PACKAGES = ("api", "base", "portable", "jit", "cache", "tuner", "schemas", "examples")
 
 
 def setting_warnings(action):
@@ -173,7 +173,7 @@ def _environment_reads(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 def test_only_the_settings_module_reads_portkern_settings_from_the_environment():
-    settings_file = ROOT / "api" / "settings.py"
+    settings_file = ROOT / "base" / "settings.py"
     files = [path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))]
     assert len(files) > 50
     assert _environment_reads(ast.parse(settings_file.read_text())), "the detector finds the reads in the settings module"

@@ -9,7 +9,7 @@ import pytest
 
 import portkern
 from portkern.cli.main import main
-from portkern.errors import TuningError
+from portkern.base.errors import TuningError
 from portkern.jit import devices
 from portkern.portable.builder import build_file
 from portkern.portable.contract import ShapeContract
@@ -65,7 +65,7 @@ def test_bucketing_rules():
 
 
 def test_manifest_bucket_rules_are_recorded_and_checked(bundle_path, tmp_path):
-    from portkern.errors import BuildError
+    from portkern.base.errors import BuildError
 
     contract = portkern.load(bundle_path).record("gemm_bounds").signature.contract
     assert contract.buckets == {"M": (4, 16)} and contract.names == ("a", "b")

@@ -11,7 +11,7 @@ import pytest
 
 import portkern
 from portkern.cli.main import main
-from portkern.errors import ArgumentShapeError, BuildError, MalformedBundleError
+from portkern.base.errors import ArgumentShapeError, BuildError, MalformedBundleError
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import Signature, decode
 from portkern.portable.contract import ShapeContract, UncheckedShapesWarning
@@ -228,7 +228,7 @@ def test_a_contract_that_does_not_fit_the_signature_is_a_malformed_bundle(matmul
     ],
 )
 def test_manifest_shapes_are_validated(tmp_path, entry, message):
-    from portkern.errors import ManifestError
+    from portkern.base.errors import ManifestError
     from portkern.portable.manifest import load_manifest
 
     (tmp_path / "k.mlir").write_text(MATMUL)
@@ -238,7 +238,7 @@ def test_manifest_shapes_are_validated(tmp_path, entry, message):
 
 
 def test_opencl_kernels_state_shapes_in_their_args(tmp_path):
-    from portkern.errors import ManifestError
+    from portkern.base.errors import ManifestError
     from portkern.portable.manifest import load_manifest
 
     (tmp_path / "k.cl").write_text("__kernel void k(__global float* x) {}\n")

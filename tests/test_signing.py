@@ -19,9 +19,9 @@ pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (
 
 import portkern  # noqa: E402
 from helpers import assert_matches, build_mlir  # noqa: E402
-from portkern import signing  # noqa: E402
+from portkern.base import signing  # noqa: E402
 from portkern.cli.main import main  # noqa: E402
-from portkern.errors import KeyFileError, UnsignedError, UntrustedKeyError  # noqa: E402
+from portkern.base.errors import KeyFileError, UnsignedError, UntrustedKeyError  # noqa: E402
 from portkern.examples.reference import EXAMPLES  # noqa: E402
 
 

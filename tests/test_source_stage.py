@@ -15,7 +15,7 @@ from helpers import assert_matches, reseal
 
 import portkern
 from portkern.cli.main import main
-from portkern.errors import IncompatibleProducerError
+from portkern.base.errors import IncompatibleProducerError
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.portable.bundle import read_bundle
@@ -87,9 +87,9 @@ def test_a_same_release_bundle_uses_its_flow_stage(examples_bundle, store):
 
 
 def test_format_versions_older_readers_refuse_and_headers_must_hold_the_stages(examples_bundle):
-    from portkern.errors import MalformedBundleError, UnsupportedVersionError
+    from portkern.base.errors import MalformedBundleError, UnsupportedVersionError
     from portkern.portable import bundle as bundle_format
-    from portkern.portable import framing
+    from portkern.base import framing
 
     data = examples_bundle.read_bytes()
     for minor in (0, 1):  # readers of 1.0 and of 1.1 (parameter sections)

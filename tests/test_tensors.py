@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import portkern
-from portkern.errors import ArgumentShapeError, ArgumentTypeError
+from portkern.base.errors import ArgumentShapeError, ArgumentTypeError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit.args import check_arguments
 

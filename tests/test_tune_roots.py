@@ -72,7 +72,7 @@ def test_attention_space_keeps_what_compiles_and_prunes_what_does_not(spec, tmp_
     """P6: the quick attention tiles (the value head dim whole) compile and match NumPy within
     1e-5; tiles whose larger contraction reaches IREE's vector limit are pruned, and do fail.
     Cross-compiled for a level this host cannot run (its results are then not compared)."""
-    from portkern.errors import FinalizeError
+    from portkern.base.errors import FinalizeError
     from portkern.jit import finalize
     from portkern.jit.runtime import Executable
     from portkern.tuner import analysis

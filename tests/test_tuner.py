@@ -10,7 +10,7 @@ import pytest
 
 import portkern
 from portkern.cli.main import main
-from portkern.errors import FinalizeError, PerfConfigError
+from portkern.base.errors import FinalizeError, PerfConfigError
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices

@@ -10,7 +10,7 @@ import pytest
 import portkern
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.jit import devices, finalize
 from portkern.portable.compiler import operations
 from portkern.tuner import analysis as dispatch_module

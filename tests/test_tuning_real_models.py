@@ -15,7 +15,7 @@ import portkern
 from portkern.cache.config import from_env
 from portkern.cache.store import Store
 from portkern.cli.main import main
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.tuner import strategies
 from portkern.tuner.search import Budget
 

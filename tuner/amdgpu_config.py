@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.tuner.gpu_config import GpuConfig
 from portkern.tuner.perfconfig import expect_fields, parse_int
 

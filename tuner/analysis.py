@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Iterator
 
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.portable.compiler import operations
 from portkern.tuner import gpu_target, registry
 from portkern.tuner.dispatch import Dispatch

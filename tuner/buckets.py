@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from portkern.errors import ArgumentShapeError, PortkernError, TuningError, brief
+from portkern.base.errors import ArgumentShapeError, PortkernError, TuningError, brief
 from portkern.jit.buckets import BucketRecord, index_problem, read_index, specialised_bundle
 from portkern.portable.bundle import KernelRecord
 from portkern.tuner.measure import Bench, make_inputs

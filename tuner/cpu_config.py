@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.tuner.perfconfig import (
     VersionedConfig,
     attribute_lists,

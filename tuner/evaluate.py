@@ -15,7 +15,7 @@ import hashlib
 import time
 from typing import Protocol, Sequence
 
-from portkern.errors import KernelRuntimeError, TuningError, gist
+from portkern.base.errors import KernelRuntimeError, TuningError, gist
 from portkern.jit.finalize import module_options
 from portkern.jit.target import Target
 from portkern.jit.workers import Job, Pool, Source

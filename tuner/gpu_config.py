@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from typing import ClassVar
 
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.tuner.perfconfig import VersionedConfig, attribute_lists, check_tiles, format_tiles, list_text, parse_tiles, parse_token
 
 ATTRIBUTE = "#iree_gpu.lowering_config"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.jit.finalize import MODULE_OPTIONS, module_options
 from portkern.tuner import perfconfig, registry
 from portkern.tuner.perfconfig import PerfConfig

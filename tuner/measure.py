@@ -18,7 +18,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from portkern.errors import TuningError
+from portkern.base.errors import TuningError
 from portkern.portable.bundle import Signature
 from portkern.portable.dtypes import numpy_dtype
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from portkern.cache.keys import kernel_digest
-from portkern.errors import PerfConfigError, PortkernError
+from portkern.base.errors import PerfConfigError, PortkernError
 from portkern.jit.args import bind_launch
 from portkern.jit.opencl_native import Executable
 from portkern.jit.target import Target

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import ClassVar, Protocol, Sequence, runtime_checkable
 
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 
 #: Longest perf-config string accepted (they come from caches and command lines).
 MAX_CONFIG_CHARS = 1024

@@ -6,7 +6,7 @@ its entry in `FAMILIES`.
 
 from __future__ import annotations
 
-from portkern.errors import PerfConfigError
+from portkern.base.errors import PerfConfigError
 from portkern.portable.bundle import KernelRecord
 from portkern.tuner import amdgpu_family, cpu_family, cuda_family, opencl_family
 from portkern.tuner.dispatch import Dispatch

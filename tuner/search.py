@@ -28,7 +28,7 @@ class Budget:
     seconds: float | None = None
 
     def __post_init__(self) -> None:
-        from portkern.errors import TuningError
+        from portkern.base.errors import TuningError
 
         if self.evaluations is not None and self.evaluations < 0 or self.seconds is not None and self.seconds <= 0:
             raise TuningError(f"a tuning budget needs a candidate count >= 0 and a time > 0 s (got {self.evaluations}, {self.seconds})")

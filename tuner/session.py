@@ -18,7 +18,7 @@ import time
 from typing import Callable
 
 from portkern.cache.keys import tuning_key
-from portkern.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError, brief
+from portkern.base.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError, brief
 from portkern.jit.finalize import CONFIGURED_PHASE, MODULE_OPTIONS, OPTION_DRIVERS
 from portkern.jit.native import NativeCode, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target

@@ -14,7 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from portkern.errors import PortkernError
+from portkern.base.errors import PortkernError
 from portkern.jit import finalize
 from portkern.tuner import analysis, registry
 from portkern.portable.bundle import IREE_KINDS

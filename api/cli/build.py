@@ -43,7 +43,7 @@ def run_build(args: argparse.Namespace) -> Report:
 
             console(stderr=True).print(text)
 
-    from portkern.signing import check_signing_key, key_to_sign_with, sign_file, signature_path
+    from portkern.base.signing import check_signing_key, key_to_sign_with, sign_file, signature_path
 
     sign_with = key_to_sign_with(args.sign)
     if sign_with is not None:
@@ -131,7 +131,7 @@ def code_kind(device: dict, config: str) -> str:
 def describe(path: Path) -> Report:
     """A bundle's kernels, stages, native slices, producers, digest and signature."""
     from portkern.portable.bundle import IREE_KINDS, decode_file, read_bundle_head
-    from portkern.signing import from_env, verify_file
+    from portkern.base.signing import from_env, verify_file
 
     raw, size = read_bundle_head(path)
     bundle = decode_file(path, raw, file_size=size)

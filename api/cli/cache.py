@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, device_filter, human_age, human_size, store_from, table
-from portkern.errors import CacheError
+from portkern.base.errors import CacheError
 
 #: Entries `cache ls` shows without `--all` or `--limit`.
 DEFAULT_LIMIT = 50
@@ -192,7 +192,7 @@ def run_verify(args: argparse.Namespace) -> Report:
 
 
 def run_prune(args: argparse.Namespace) -> Report:
-    from portkern.settings import parse_duration, parse_size
+    from portkern.base.settings import parse_duration, parse_size
 
     if args.max_size is None and args.older_than is None:
         raise CacheError("prune needs --max-size and/or --older-than")
@@ -215,7 +215,7 @@ def run_clear(args: argparse.Namespace) -> Report:
 def run_export(args: argparse.Namespace) -> Report:
     from portkern.cache.transfer import export
 
-    from portkern.signing import key_to_sign_with
+    from portkern.base.signing import key_to_sign_with
 
     store = store_from(args)
     report = export(store, args.file, device=device_filter(args.device, store), sign_with=key_to_sign_with(args.sign))

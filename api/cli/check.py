@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, shown, store_from, table
-from portkern.errors import PortkernError, brief
+from portkern.base.errors import PortkernError, brief
 
 
 def register(sub) -> None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from portkern.errors import PortkernError, UsageError, brief
+from portkern.base.errors import PortkernError, UsageError, brief
 
 #: Version of the `--json` output of `build`, `check`, `finalize`, `run` and `tune` (its `json_format` field);
 #: raised when a field changes meaning or goes away.
@@ -121,7 +121,7 @@ def device_filter(spec: str | None, store=None) -> str | None:
     "cpu:znver4", ...); DeviceError for others. An OpenCL device resolves only on its own
     machine, so an `opencl:` label is taken as written."""
     from portkern.cache.store import Filter
-    from portkern.errors import DeviceError
+    from portkern.base.errors import DeviceError
     from portkern.jit import devices
 
     if spec is None or re.fullmatch(r"[0-9a-f]{8,64}", spec) or (store is not None and store.count(Filter(device=spec))):
@@ -136,7 +136,7 @@ def device_filter(spec: str | None, store=None) -> str | None:
 
 
 def add_sign(parser: argparse.ArgumentParser, what: str) -> None:
-    """`--sign [KEY]`: sign the written file (see `portkern.signing.key_to_sign_with`)."""
+    """`--sign [KEY]`: sign the written file (see `portkern.base.signing.key_to_sign_with`)."""
     parser.add_argument(
         "--sign",
         nargs="?",

@@ -93,7 +93,7 @@ def run_opencl_examples(output: Path, store, rng: np.random.Generator, log, tune
     """Build the OpenCL C examples and run them on this machine's OpenCL device, if both are possible;
     the examples with a parameter space (a second bundle beside `output`) are tuned with `tune`."""
     import portkern
-    from portkern.errors import DeviceError
+    from portkern.base.errors import DeviceError
     from portkern.examples import OPENCL_MANIFEST, OPENCL_TUNING_MANIFEST
     from portkern.jit.devices import resolve
     from portkern.portable.builder import build_file

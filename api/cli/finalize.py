@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, console, human_size, store_from, table
-from portkern.errors import PortkernError, UsageError, brief
+from portkern.base.errors import PortkernError, UsageError, brief
 
 
 def register(sub) -> None:
@@ -42,7 +42,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
     import portkern
     from portkern.cache import transfer
     from portkern.jit import codeobject, devices
-    from portkern.signing import check_signing_key, key_to_sign_with
+    from portkern.base.signing import check_signing_key, key_to_sign_with
 
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")

@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run_new(args: argparse.Namespace) -> Report:
-    from portkern.signing import new_key_pair, read_trusted_keys
+    from portkern.base.signing import new_key_pair, read_trusted_keys
 
     private, public = new_key_pair(args.prefix)
     key = read_trusted_keys(public)[0]

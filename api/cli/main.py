@@ -9,7 +9,7 @@ import warnings
 
 from portkern import __version__
 from portkern.cli.common import emit, fail, quiet_broken_pipe
-from portkern.errors import PortkernError, UsageError
+from portkern.base.errors import PortkernError, UsageError
 
 #: Modules that each add one or more subcommands with `register(subparsers)`.
 COMMANDS = (

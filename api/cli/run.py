@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, store_from, table
-from portkern.errors import ArgumentTypeError, PortkernError, brief
+from portkern.base.errors import ArgumentTypeError, PortkernError, brief
 
 
 def register(sub) -> None:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, console, store_from, table
-from portkern.errors import DispatchTuningError, PortkernError, TuningError, brief
+from portkern.base.errors import DispatchTuningError, PortkernError, TuningError, brief
 
 
 def register(sub) -> None:

@@ -17,7 +17,7 @@ import importlib
 from types import ModuleType
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from portkern.errors import TuningError
+from portkern.base.errors import TuningError
 from portkern.tuner.dispatch import Dispatch
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@
 | `PORTKERN_TRUSTED_KEYS` | file of trusted public keys | none | |
 | `PORTKERN_REQUIRE_SIGNATURE` | native code only when signed by a trusted key | off | an unreadable value is on |
 | `PORTKERN_SIGNING_KEY` | private key that signs what this machine publishes | none | |
-| `PORTKERN_ROLE` | `publisher` or `reader` (`portkern.signing` checks it) | by `PORTKERN_SIGNING_KEY` | |
+| `PORTKERN_ROLE` | `publisher` or `reader` (`portkern.base.signing` checks it) | by `PORTKERN_SIGNING_KEY` | |
 
 Sizes are a number of bytes with an optional suffix, with one meaning per suffix everywhere:
 decimal `K`/`KB` = 10^3, `M`/`MB` = 10^6, `G`/`GB` = 10^9, `T`/`TB` = 10^12, `P`/`PB` = 10^15, `E`/`EB` = 10^18;
@@ -43,7 +43,7 @@ import sys
 import warnings
 from typing import Callable
 
-from portkern.errors import SettingError
+from portkern.base.errors import SettingError
 
 CACHE_DIR = "PORTKERN_CACHE_DIR"
 CACHE_DISABLE = "PORTKERN_CACHE_DISABLE"

@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from portkern import settings
-from portkern.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError
-from portkern.portable.framing import file_sha256 as read_sha256, read_bounded
+from portkern.base import settings
+from portkern.base.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError
+from portkern.base.framing import file_sha256 as read_sha256, read_bounded
 
 #: Suffix of a detached signature file.
 SIGNATURE_SUFFIX = ".sig"

@@ -162,7 +162,7 @@ class CacheError(PortkernError):
 
 
 class SettingError(PortkernError, ValueError):
-    """A size or a duration that cannot be read (`portkern.settings`)."""
+    """A size or a duration that cannot be read (`portkern.base.settings`)."""
 
 
 class PerfConfigError(PortkernError, ValueError):
@@ -200,5 +200,5 @@ class UntrustedKeyError(SignatureError):
     """A signature does not verify, or was made by a key this machine does not trust."""
 
 
-#: `from portkern.errors import *` exports the error types only.
+#: `from portkern.base.errors import *` exports the error types only.
 __all__ = [name for name, value in list(globals().items()) if isinstance(value, type) and issubclass(value, Exception)]
