@@ -6,6 +6,7 @@
 #   ./dev.sh portkern ARGS...               any portkern command (paths relative to where you are)
 #   ./dev.sh bench                          run every benchmark in bench/
 #   ./dev.sh torch [pytest options]         install the torch extra and run the tests that need it (CI runs it)
+#   ./dev.sh lint                           install the lint extra; ruff and mypy (pyproject.toml's [tool.ruff], [tool.mypy]; CI runs it)
 #   ./dev.sh compat                         smoke test on every other supported Python and
 #                                           with the lowest dependency versions (CI runs it)
 set -euo pipefail
@@ -21,15 +22,29 @@ APT_PACKAGES=(clang-15 llvm-spirv-15 spirv-tools pocl-opencl-icd ocl-icd-libopen
 
 log() { printf 'dev.sh: %s\n' "$*" >&2; }
 
+# Whether this is a CI run (CI=true, as CI services and .ci/run set it): there, a Debian package
+# that is missing fails setup, since the tests that need it would skip and the run pass without them.
+under_ci() { case "${CI:-}" in 1 | true | TRUE | True | yes) return 0 ;; *) return 1 ;; esac; }
+
+# The packages of APT_PACKAGES not installed here, one per line.
+missing_packages() {
+  local pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || echo "$pkg"
+  done
+}
+
 apt_setup() {
   local missing=()
-  for pkg in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
-  done
+  mapfile -t missing < <(missing_packages)
   [ ${#missing[@]} -eq 0 ] && return 0
   local sudo=()
   if [ "$(id -u)" -ne 0 ]; then
     if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo=(sudo); else
+      if under_ci; then
+        log "CI: missing Debian packages (${missing[*]}) and no root (or sudo) to install them"
+        return 1
+      fi
       log "missing Debian packages (${missing[*]}); install them as root for the OpenCL/SPIR-V parts"
       return 0
     fi
@@ -37,6 +52,12 @@ apt_setup() {
   log "installing Debian packages: ${missing[*]}"
   "${sudo[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  mapfile -t missing < <(missing_packages)
+  if [ ${#missing[@]} -gt 0 ]; then
+    log "Debian packages still missing after apt-get install: ${missing[*]}"
+    under_ci && return 1
+  fi
+  return 0
 }
 
 venv_setup() {
@@ -109,6 +130,37 @@ compat() {
 
 setup() { apt_setup; venv_setup; }
 
+# build/lint/portkern: links to the source folders laid out as the import package (pyproject.toml's
+# package-dir), which mypy reads (its mypy_path); remade each run, so added and removed files count.
+lint_tree() {
+  rm -rf build/lint
+  "$VENV/bin/python" - <<'PY'
+from pathlib import Path
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
+
+folders = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+for package, folder in sorted(folders.items()):  # a package before the packages inside it
+    target = Path("build/lint", *package.split("."))
+    target.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(Path(folder).iterdir()):
+        if entry.name != "__pycache__" and not (target / entry.name).exists():
+            (target / entry.name).symlink_to(entry.resolve())
+PY
+}
+
+lint() {
+  "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[all,lint]"
+  local failed=0
+  "$VENV/bin/ruff" check . || failed=1
+  lint_tree
+  "$VENV/bin/mypy" || failed=1
+  return "$failed"
+}
+
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -117,7 +169,8 @@ case "$cmd" in
   setup) setup ;;
   portkern) setup; portkern="$(cd "$VENV/bin" && pwd)/portkern"; cd "$CALLER_DIR"; exec "$portkern" "$@" ;;
   compat) setup; compat ;;
+  lint) setup; lint ;;
   torch) setup; "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[all,torch]"; exec "$VENV/bin/python" -m pytest tests/test_tensors.py tests/test_torch_programs.py "$@" ;;
   bench) setup; for b in bench/*.py; do log "$b"; "$VENV/bin/python" "$b"; done ;;
-  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

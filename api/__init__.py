@@ -19,7 +19,8 @@ __version__ = "0.1.0"
 
 
 def load(path, **options) -> "LoadedBundle":
-    """Open a bundle on this machine; see `portkern.jit.loader.load` for options."""
-    from portkern.jit.loader import load as _load
+    """Open a bundle on this machine (`portkern.bundle.load`: options `store`, `pool`); its
+    kernels' `tune=` is answered by the tuner."""
+    from portkern.bundle import load as _load
 
     return _load(path, **options)

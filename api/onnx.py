@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -25,15 +26,17 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 
 from portkern.base import errors
 from portkern.base.errors import ArgumentTypeError, BuildError, BundleError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
-from portkern.jit.loader import Kernel, LoadedBundle, load
+from portkern.bundle import load
+from portkern.cache.repair import BUNDLES
+from portkern.cache.scratch import alive
+from portkern.cache.store import Store, default_store
+from portkern.jit.loader import Kernel, LoadedBundle
 from portkern.jit.workers import Job, shared_pool
 from portkern.portable.onnx_model import as_kernel, graph_inputs, kernel_name, operators
 from portkern.portable.onnx_parameters import has_external_data
 from portkern.portable.producer import installed_compiler
-from portkern.cache.config import CacheWarning
-from portkern.cache.repair import BUNDLES
-from portkern.cache.scratch import alive
-from portkern.cache.store import Store, default_store
+
+log = logging.getLogger(__name__)
 
 #: How long building one model may take.
 BUILD_TIMEOUT_S = 1800
@@ -177,7 +180,7 @@ def cached_bundle(store: Store, key: str) -> LoadedBundle | None:
         try:
             bundle = load(path, store=store)
         except BundleError as exc:
-            warnings.warn(f"portkern: a kept ONNX bundle was refused and is built anew ({errors.brief(str(exc))})", CacheWarning, stacklevel=4)
+            log.warning("a kept ONNX bundle was refused and is built anew (%s)", errors.brief(str(exc)))
             for stale in (path, path.with_suffix(".json")):
                 try:
                     stale.unlink()
@@ -209,8 +212,7 @@ def keep_bundle(store: Store, key: str, built: Path, notes: Sequence[str]) -> Pa
         _write_whole(target, built)
         return target
     except OSError as exc:
-        warnings.warn(f"portkern: the ONNX model's bundle is not kept in {folder} ({exc.strerror or exc}); "
-                      "the next prepare builds it again", CacheWarning, stacklevel=4)
+        log.warning("the ONNX model's bundle is not kept in %s (%s); the next prepare builds it again", folder, exc.strerror or exc)
         return None
 
 
@@ -270,7 +272,7 @@ def device_spec(device: str) -> str:
     """The portkern device spec for an ONNX device string, or DeviceError."""
     try:
         kind = Device(device).type
-    except Exception:  # onnx raises a bare Exception naming the string
+    except (AttributeError, ValueError):  # onnx's Device: an unknown type name, a device id that is not a number
         raise DeviceError(f"{device!r} is not an ONNX device (e.g. 'CPU')") from None
     for name, spec in DEVICES.items():
         if kind == getattr(DeviceType, name):

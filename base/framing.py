@@ -92,7 +92,7 @@ def unpack_prefix(fmt: Format, data: bytes) -> tuple[tuple[int, int], str, Any, 
 
 def meta_and_blobs(
     document: Any, schema: str, error: type[Exception], validate: bool = True
-) -> tuple[dict, dict[str, bytes]]:
+) -> tuple[dict[str, Any], dict[str, bytes]]:
     """A payload's `meta` (checked against the named JSON schema unless `validate` is
     False) and `blobs` (name -> bytes)."""
     from portkern.schemas import violations
@@ -128,7 +128,7 @@ def _decode(fmt: Format, payload: memoryview) -> Any:
         if "exceeds max" in str(exc):
             raise fmt.oversize(f"a field is larger than the reader allows ({exc})") from None
         raise fmt.malformed(f"payload is not valid msgpack ({exc})") from None
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: msgpack raises several unrelated types on bad input
         raise fmt.malformed(f"payload is not valid msgpack ({type(exc).__name__}: {exc})") from None
 
 

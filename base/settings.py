@@ -9,6 +9,7 @@
 | `PORTKERN_COMPILE_MEMORY` | address space of a compile worker (`0`: none) | `8GiB` | at most `1PiB` |
 | `PORTKERN_COMPILE` | `auto`: compile what has no native code here; `never`: a typed error instead (`CompileForbiddenError`) | `auto` | |
 | `PORTKERN_BACKGROUND` | serve baseline code while the exact code is built | on | |
+| `PORTKERN_EXECUTOR_MIN_BYTES` | a CPU call whose arguments total this size or more runs on IREE's task executor (spread over the cores), a smaller one on the calling thread (docs/serving.md) | `4MiB` | `0`: every call; `inf`: none |
 | `PORTKERN_REMOTE_CACHE` | `redis://` URL of the remote tier | none | |
 | `PORTKERN_REMOTE_MAX_VALUE` | largest value written to or read from Redis | `64MiB` | at least 1 byte, at most `512MiB` (Redis's limit) |
 | `PORTKERN_REMOTE_TIMEOUT` | seconds per Redis operation | `2s` | more than 0, at most `1h` |
@@ -41,7 +42,8 @@ import os
 import re
 import sys
 import warnings
-from typing import Callable
+from types import FrameType
+from typing import Callable, TypeVar
 
 from portkern.base.errors import SettingError
 
@@ -52,6 +54,7 @@ COMPILE_TIMEOUT = "PORTKERN_COMPILE_TIMEOUT"
 COMPILE_MEMORY = "PORTKERN_COMPILE_MEMORY"
 COMPILE = "PORTKERN_COMPILE"
 BACKGROUND = "PORTKERN_BACKGROUND"
+EXECUTOR_MIN_BYTES = "PORTKERN_EXECUTOR_MIN_BYTES"
 REMOTE_CACHE = "PORTKERN_REMOTE_CACHE"
 REMOTE_MAX_VALUE = "PORTKERN_REMOTE_MAX_VALUE"
 REMOTE_TIMEOUT = "PORTKERN_REMOTE_TIMEOUT"
@@ -72,6 +75,8 @@ DEFAULT_COMPILE_MEMORY = 8 << 30
 COMPILE_AUTO, COMPILE_NEVER = "auto", "never"
 #: Larger than any address space a 64-bit kernel gives a process today.
 LARGEST_COMPILE_MEMORY = 1 << 50
+#: CPU calls whose arguments total this many bytes or more run on IREE's task executor.
+DEFAULT_EXECUTOR_MIN_BYTES = 4 << 20
 DEFAULT_REMOTE_MAX_VALUE = 64 << 20
 #: Redis refuses string values above 512 MiB.
 LARGEST_REMOTE_MAX_VALUE = 512 << 20
@@ -106,7 +111,8 @@ def _size(text: str) -> int | float:
     if number.lower().startswith("inf"):
         return math.inf
     whole, _, fraction = number.partition(".")
-    return int(whole or "0") * scale + int(fraction or "0") * scale // 10 ** len(fraction)
+    size: int = int(whole or "0") * scale + int(fraction or "0") * scale // 10 ** len(fraction)
+    return size
 
 
 def _duration(text: str) -> float:
@@ -140,7 +146,8 @@ def warn(name: str, value: str, consequence: str) -> None:
 
 def _outside() -> int:
     """The `stacklevel` of the first caller outside this module, seen from `warn`."""
-    frame, level = sys._getframe(2), 2
+    frame: FrameType | None = sys._getframe(2)
+    level = 2
     while frame is not None and frame.f_globals.get("__name__") == __name__:
         frame, level = frame.f_back, level + 1
     return level
@@ -171,7 +178,12 @@ def flag(name: str, default: bool = False, unreadable: bool | None = None) -> bo
     return used
 
 
-def _bounded(name: str, read: Callable[[str], float], default, low, high, show: Callable, what: str, *, above: bool = False):
+_Number = TypeVar("_Number", int, float)
+
+
+def _bounded(
+    name: str, read: Callable[[str], float], default: _Number, low: float, high: _Number, show: Callable[[float], str], what: str, *, above: bool = False
+) -> _Number:
     """Setting `name` read by `read`; `default` when unset or unusable (one warning), `high`
     when larger (one warning). `low` is the smallest allowed value (excluded when `above`)."""
     raw = _raw(name)
@@ -191,11 +203,11 @@ def _bounded(name: str, read: Callable[[str], float], default, low, high, show: 
     return type(default)(value)
 
 
-def _bytes(value) -> str:
+def _bytes(value: float) -> str:
     return f"{int(value)} bytes"
 
 
-def _seconds(value) -> str:
+def _seconds(value: float) -> str:
     return f"{float(value):g} s"
 
 
@@ -254,6 +266,13 @@ def compile_mode() -> str:
 def background() -> bool:
     """`PORTKERN_BACKGROUND`: serve baseline code while the exact code is built (default on)."""
     return flag(BACKGROUND, True)
+
+
+def executor_min_bytes() -> int:
+    """`PORTKERN_EXECUTOR_MIN_BYTES`: a CPU call whose arguments total this many bytes or more
+    runs on IREE's task executor, a smaller one on the calling thread (`0`: every call on the
+    executor; `inf`: none, without a warning)."""
+    return _bounded(EXECUTOR_MIN_BYTES, parse_size, DEFAULT_EXECUTOR_MIN_BYTES, 0, LARGEST_SIZE, _bytes, "a size (examples: 2GB, 512MiB, 1000000)")
 
 
 def remote_url() -> str:

@@ -2,9 +2,9 @@
 
 A signed file `F` has a detached signature `F.sig` beside it: a Sigstore bundle
 whose DSSE envelope carries an in-toto statement over the file's sha256, written
-and checked by the `model-signing` library, so `model_signing verify key F
---signature F.sig --public_key KEY.pub` accepts it as well; portkern checks signatures
-with `cryptography` the same way (see `verify_value`). Signed values that
+and checked by the `model-signing` library (imported when a signature is made or checked),
+so `model_signing verify key F --signature F.sig --public_key KEY.pub` accepts it as well.
+Signed values that
 are not files (remote cache entries) are signed as a one-file model whose file
 is named after the value's key, so a signature binds both the key and the bytes.
 
@@ -23,25 +23,31 @@ that a key not trusted here signed, is compiled or run (`check_bundle`, `check_v
 with `PORTKERN_REQUIRE_SIGNATURE=1` nothing unsigned either, except that remote values
 must be signed by a trusted key whenever trusted keys are configured.
 
+A signature is checked with the trusted key its key hint names, by model-signing's
+verifier, over the bytes the caller holds (written to a private scratch directory first,
+so a file swapped on disk after reading cannot pass).
+
 Everything read here (signatures, key files) is untrusted input: sizes are
 bounded and every failure is a `SignatureError`.
 """
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import json
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 from portkern.base import settings
-from portkern.base.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError
-from portkern.base.framing import file_sha256 as read_sha256, read_bounded
+from portkern.base.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError, brief
+from portkern.base.framing import read_bounded
 
 #: Suffix of a detached signature file.
 SIGNATURE_SUFFIX = ".sig"
@@ -54,12 +60,6 @@ SIGNING_KEY_ENV = settings.SIGNING_KEY
 ROLE_ENV = settings.ROLE
 #: Roles: a publisher (build farm) signs and publishes native code; a reader (device) only verifies.
 PUBLISHER, READER = "publisher", "reader"
-
-#: What an OMS signature made with a key holds (model-signing 1.x, Sigstore bundle v0.3).
-_BUNDLE_MEDIA_TYPE = "application/vnd.dev.sigstore.bundle.v0.3+json"
-_PAYLOAD_TYPE = "application/vnd.in-toto+json"
-_STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
-_PREDICATE_TYPE = "https://model_signing/signature/v1.0"
 
 _PEM_BLOCK = re.compile(rb"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", re.S)
 
@@ -91,7 +91,7 @@ class Verdict:
     def trusted(self) -> bool:
         return self.key is not None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "signed": self.signed,
             "trusted": self.trusted,
@@ -142,7 +142,7 @@ class Policy:
         return require_trusted(verdict, what)
 
 
-def _crypto():
+def _crypto() -> tuple[ModuleType, ModuleType]:
     try:
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -151,15 +151,7 @@ def _crypto():
     return serialization, ec
 
 
-def _crypto_verify():
-    serialization, ec = _crypto()
-    from cryptography.exceptions import InvalidSignature
-    from cryptography.hazmat.primitives import hashes
-
-    return serialization, ec, hashes, InvalidSignature
-
-
-def _model_signing():
+def _model_signing() -> ModuleType:
     try:
         import model_signing.signing
         import model_signing.verifying
@@ -210,7 +202,7 @@ def check_signing_key(path: str | Path) -> Path:
     return path
 
 
-def _fingerprint(public_key) -> str:
+def _fingerprint(public_key: Any) -> str:
     serialization, _ = _crypto()
     pem = public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(pem).hexdigest()
@@ -299,7 +291,7 @@ def sign_file(path: str | Path, key: str | Path) -> Path:
         os.replace(tmp, target)
     except OSError as exc:
         raise SignatureError(f"cannot sign {path}: {exc.strerror or exc}") from None
-    except Exception as exc:  # noqa: BLE001 - the library raises assorted types
+    except ValueError as exc:  # model-signing's refusals (a symlink, a path it cannot serialise)
         raise SignatureError(f"cannot sign {path}: {exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
@@ -310,13 +302,13 @@ def sign_value(name: str, data: bytes, key: str | Path) -> bytes:
     """An OMS signature (JSON bytes) over `data` as a file called `name` (a cache key)."""
     model_signing = _model_signing()
     key = check_signing_key(key)
-    with tempfile.TemporaryDirectory(prefix="portkern-sign-") as where:
+    with tempfile.TemporaryDirectory(prefix=f"portkern-sign-{os.getpid()}-") as where:
         model = Path(where) / "model"
         model.mkdir()
         (model / _checked_name(name)).write_bytes(data)
         try:
             model_signing.signing.Config().use_elliptic_key_signer(private_key=key).sign(model, Path(where) / "sig")
-        except Exception as exc:  # noqa: BLE001
+        except (OSError, ValueError) as exc:
             raise SignatureError(f"cannot sign {name}: {exc}") from None
         return (Path(where) / "sig").read_bytes()
 
@@ -333,63 +325,70 @@ def verify_file(path: str | Path, data: bytes | None, trusted: tuple[TrustedKey,
     except SignatureError as exc:
         return Verdict(True, reason=f"signed, but {exc}")
     if data is None:
-        try:
-            with open(path, "rb") as f:
-                file_sha256 = read_sha256(f)
-        except OSError as exc:
-            return Verdict(True, reason=f"signed, but the file cannot be read ({exc.strerror or exc})")
-        return verify_value(None, b"", signature, trusted, file_sha256)
+        return _verify(signature, trusted, lambda where: Path(path))
     return verify_value(None, data, signature, trusted)
 
 
-def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple[TrustedKey, ...], data_sha256: str | None = None) -> Verdict:
+def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple[TrustedKey, ...]) -> Verdict:
     """Check an OMS signature over `data` (as a file called `name`, or as a lone file when
-    `name` is None) against the trusted keys. Never raises for a bad signature.
+    `name` is None) against the trusted keys. Never raises for a bad signature."""
 
-    Checked with `cryptography` as model-signing checks it (key hint, ECDSA over the DSSE
-    pre-authentication encoding, the in-toto statement's one resource): importing
-    model-signing costs about half a second of CPU, more than a warm kernel start.
-    """
+    def model(where: Path) -> Path:
+        if name is None:
+            (where / "model").write_bytes(data)
+        else:
+            (where / "model").mkdir()
+            (where / "model" / _checked_name(name)).write_bytes(data)
+        return where / "model"
+
+    return _verify(signature, trusted, model)
+
+
+def _verify(signature: bytes, trusted: tuple[TrustedKey, ...], model: Callable[[Path], Path]) -> Verdict:
+    """The verdict of model-signing's verifier on `signature` over the model `model(scratch)`
+    puts in (or names outside) a scratch directory, with the trusted key the signature's key
+    hint names."""
     if len(signature) > MAX_SIGNATURE_BYTES:
         return Verdict(True, reason="signed, but the signature is larger than the limit")
-    try:
-        document = json.loads(signature)
-        hint = document["verificationMaterial"]["publicKey"]["hint"]
-        envelope = document["dsseEnvelope"]
-        payload_type, payload = envelope["payloadType"], base64.b64decode(envelope["payload"], validate=True)
-        (entry,) = envelope["signatures"]
-        raw = base64.b64decode(entry["sig"], validate=True)
-        if document["mediaType"] != _BUNDLE_MEDIA_TYPE or payload_type != _PAYLOAD_TYPE or not isinstance(hint, str):
-            raise ValueError("not an OMS key signature")
-    except (ValueError, KeyError, TypeError, AttributeError):
+    hint = _key_hint(signature)
+    if hint is None:
         return Verdict(True, reason="signed, but the signature is not an OMS signature bundle")
     key = next((k for k in trusted if k.fingerprint == hint), None)
     if key is None:
         return Verdict(True, reason=f"signed by an untrusted key sha256:{hint[:16]} (not in {TRUSTED_KEYS_ENV})")
-    serialization, ec, hashes, invalid = _crypto_verify()
-    public = serialization.load_pem_public_key(key.pem)
-    digest = {256: hashes.SHA256, 384: hashes.SHA384, 521: hashes.SHA512}.get(public.curve.key_size)
-    pae = b"DSSEv1 %d %s %d " % (len(payload_type), payload_type.encode(), len(payload)) + payload
-    try:
-        if digest is None:
-            raise invalid()
-        public.verify(raw, pae, ec.ECDSA(digest()))
-    except invalid:
-        return Verdict(True, reason="signed, but the signature does not verify (not made by that key over this statement)")
-    expected = [{"name": name or ".", "digest": data_sha256 or hashlib.sha256(data).hexdigest(), "algorithm": "sha256"}]
-    try:
-        statement = json.loads(payload)
-        covers = (
-            statement["_type"] == _STATEMENT_TYPE
-            and statement["predicateType"] == _PREDICATE_TYPE
-            and statement["predicate"]["serialization"]["hash_type"] == "sha256"
-            and statement["predicate"]["resources"] == expected
-        )
-    except (ValueError, KeyError, TypeError):
-        covers = False
-    if not covers:
-        return Verdict(True, reason="signed, but the signature does not verify (it is for other content)")
+    model_signing = _model_signing()
+    from cryptography.exceptions import InvalidSignature
+
+    with tempfile.TemporaryDirectory(prefix=f"portkern-verify-{os.getpid()}-") as scratch:
+        where = Path(scratch)
+        (where / "key.pub").write_bytes(key.pem)
+        (where / "signature").write_bytes(signature)
+        try:
+            checked = model(where)
+        except OSError as exc:
+            return Verdict(True, reason=f"signed, but the signed content cannot be read or written ({exc.strerror or exc})")
+        config = model_signing.verifying.Config().use_elliptic_key_verifier(public_key=where / "key.pub")
+        try:
+            config.verify(checked, where / "signature")
+        except InvalidSignature:
+            return Verdict(True, reason="signed, but the signature does not verify (not made by that key over this statement)")
+        except OSError as exc:
+            return Verdict(True, reason=f"signed, but the signed content cannot be read ({exc.strerror or exc})")
+        except Exception as exc:  # noqa: BLE001 - hostile input: model-signing raises ValueError, and
+            # KeyError, IndexError, TypeError... for a malformed bundle or statement; every one refuses
+            if str(exc).startswith("Signature mismatch"):  # the statement verified, the content differs
+                return Verdict(True, reason="signed, but the signature does not verify (it is for other content)")
+            return Verdict(True, reason=f"signed, but the signature does not verify (model-signing: {brief(exc, limit=160)})")
     return Verdict(True, key=key)
+
+
+def _key_hint(signature: bytes) -> str | None:
+    """The key hint (sha256 of the signer's public key) an OMS key signature names, or None."""
+    try:
+        hint = json.loads(signature)["verificationMaterial"]["publicKey"]["hint"]
+    except (ValueError, LookupError, TypeError, RecursionError):
+        return None
+    return hint if isinstance(hint, str) and hint else None
 
 
 def require_trusted(verdict: Verdict, what: str) -> TrustedKey:

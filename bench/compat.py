@@ -25,11 +25,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import tomllib
 import warnings
 from pathlib import Path
 
 import numpy as np
+import tomllib
 
 import portkern
 from portkern.cache.config import CacheConfig

@@ -94,7 +94,7 @@ def main() -> int:
         dynamic = loaded.kernel("gemm_relu")
         shapes = [{"a": (m, args.k)} for m in args.m]
         with Tuner() as tuner:
-            found = {r.values["M"]: r for r in tune_kernel_shapes(loaded, record, target, args.strategy, shapes, tuner=tuner, budget=args.budget)}
+            found = {r.values["M"]: r for r in tune_kernel_shapes(loaded.natives, record, target, args.strategy, shapes, tuner=tuner, budget=args.budget)}
         tuned = portkern.load(where / "b.pkb", store=store).kernel("gemm_relu")
         rng = np.random.default_rng(0)
         b = rng.standard_normal((args.k, args.n)).astype(np.float32)

@@ -37,7 +37,6 @@ from portkern.portable.manifest import load_manifest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from redis_server import RedisServer  # noqa: E402
 
-
 # Loads the bundle and probes the CPU into a cache, running no kernel.
 PRIME = "import sys, portkern; from portkern.jit import devices; b = portkern.load(sys.argv[1]); devices.resolve('cpu', b.store)"
 

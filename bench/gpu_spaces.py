@@ -64,7 +64,7 @@ def main() -> int:
                 loaded = portkern.load(path, store=store)
                 for name in loaded.names():
                     started = time.perf_counter()
-                    reports = compile_space(loaded, loaded.record(name), target, pool, budget=args.budget)
+                    reports = compile_space(loaded.natives, loaded.record(name), target, pool, budget=args.budget)
                     for r in reports:
                         invalid = sum(1 for f in r.failures if f["status"] == "invalid")
                         distinct = r.compiled - r.duplicates

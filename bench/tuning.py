@@ -41,10 +41,10 @@ from portkern.cache.store import Store
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices
+from portkern.jit.workers import Job, Pool, cores
 from portkern.portable.builder import build_file
 from portkern.tuner.kernel_config import KernelConfig
 from portkern.tuner.measure import Bench, time_calls
-from portkern.jit.workers import Job, Pool, cores
 from portkern.tuner.registry import dispatch_from_data, space_for
 from portkern.tuner.session import Tuner
 
@@ -78,7 +78,7 @@ def tune(bundle_path: Path, name: str, strategy: str, workers: int | None, budge
         target = devices.resolve("cpu", store)
         with Tuner(workers=workers) as tuner:
             start = time.perf_counter()
-            result = tuner.tune(bundle, bundle.record(name), target, strategy, budget=budget)
+            result = tuner.tune(bundle.natives, bundle.record(name), target, strategy, budget=budget)
             result.wall_s = time.perf_counter() - start
             store.close()
             return result
@@ -98,9 +98,9 @@ def compile_speedup(bundle, target) -> dict[str, float]:
     """Wall time to compile gemm_bias_relu's stage-1 candidates with 1 and with 2 workers."""
     record = bundle.record("gemm_bias_relu")
     plan = bundle.plan(record, target)
-    (found,) = [dispatch_from_data(d) for d in bundle.analyse(plan).dispatches]
+    (found,) = [dispatch_from_data(d) for d in bundle.natives.analyse(plan).dispatches]
     configs = [str(KernelConfig.of({0: c})) for c in space_for(found, cores()).stage_candidates(0, [])]
-    source = bundle.source(plan)
+    source = bundle.natives.source(plan)
     walls = {}
     for workers in (1, 2):
         start = time.perf_counter()

@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 
 import portkern
+from portkern.base.errors import PortkernError, brief
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.base.errors import PortkernError, brief
 from portkern.examples import MANIFEST, onnx_models
 from portkern.jit import devices
 from portkern.portable.builder import build_file

@@ -34,18 +34,17 @@ import time
 from pathlib import Path
 
 import portkern
+from portkern.base.errors import FinalizeError
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.examples import MANIFEST
 from portkern.jit import devices, finalize
 from portkern.jit.workers import Pool
-from portkern.base.errors import FinalizeError
 from portkern.portable.builder import build_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from fuzzing import slow_module  # noqa: E402
 from gemms import manifest_lines, write_gemms  # noqa: E402
-
 
 #: The example kernels' sources (the warm-up bundle starts with them).
 EXAMPLE_SOURCES = {"gemm_bias_relu": "gemm_bias_relu.mlir", "gemm_glu": "gemm_glu.mlir", "gemm_rowsum": "gemm_rowsum.mlir",
@@ -59,8 +58,7 @@ def fresh_store(root: Path) -> Store:
 def warm_up(path: Path, root: Path, workers: int) -> float:
     """Seconds to prepare every kernel into an empty cache with a fresh pool of `workers`."""
     with Pool(workers=workers) as pool:
-        bundle = portkern.load(path, store=fresh_store(root))
-        bundle._pool = pool
+        bundle = portkern.load(path, store=fresh_store(root), pool=pool)
         start = time.perf_counter()
         prepared = bundle.prepare("cpu", workers=workers)
         elapsed = time.perf_counter() - start
@@ -111,13 +109,12 @@ def cold_pair(path: Path, root: Path, pool: Pool, name: str) -> tuple[float, flo
     """(through the pool's worker, in this process) seconds to finalise `name` into an empty
     cache: wall time, then CPU time (worker and this process together for the first)."""
     target = devices.resolve("cpu")
-    bundle = portkern.load(path, store=fresh_store(root))
-    bundle._pool = pool
+    bundle = portkern.load(path, store=fresh_store(root), pool=pool)
     plan = bundle.plan(bundle.record(name), target)
     pids = pool.pids
     worker_cpu = sum(cpu_seconds(pid) for pid in pids) + time.process_time()
     start = time.perf_counter()
-    native = bundle.obtain(plan)
+    native = bundle.natives.obtain(plan)
     worker_s = time.perf_counter() - start
     worker_cpu = sum(cpu_seconds(pid) for pid in pids) + time.process_time() - worker_cpu
     assert native.origin == "finalized" and (not pids or pool.pids == pids)  # no worker replaced mid-measure
@@ -135,11 +132,9 @@ def past_the_bound(path: Path, root: Path, bound_s: float = 2.0) -> float:
     build_file(where / "manifest.yaml", where / "slow.pkb")
     store = fresh_store(root)
     with Pool(workers=1) as pool:
-        warm = portkern.load(path, store=store)
-        warm._pool = pool
+        warm = portkern.load(path, store=store, pool=pool)
         warm.kernel(warm.names()[0])
-        slow = portkern.load(where / "slow.pkb", store=store)
-        slow._pool = pool
+        slow = portkern.load(where / "slow.pkb", store=store, pool=pool)
         previous = os.environ.get("PORTKERN_COMPILE_TIMEOUT")
         os.environ["PORTKERN_COMPILE_TIMEOUT"] = str(bound_s)
         start = time.perf_counter()

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from portkern.base import settings
-from portkern.base.settings import flag as env_flag  # noqa: F401  (jit.background reads its flag through it)
 
 DEFAULT_MAX_SIZE = settings.DEFAULT_CACHE_MAXSIZE
 #: A layout version in the path, so an incompatible future layout starts afresh.

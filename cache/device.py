@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from portkern.base.records import to_plain, wire
+
 
 @dataclass(frozen=True)
 class DeviceFingerprint:
@@ -22,7 +24,8 @@ class DeviceFingerprint:
     kind: str
     arch: str
     features: str = ""
-    properties: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: Sorted (name, value) pairs, written as a mapping.
+    properties: tuple[tuple[str, str], ...] = field(default_factory=tuple, metadata=wire(encode=dict))
 
     @property
     def label(self) -> str:
@@ -33,7 +36,7 @@ class DeviceFingerprint:
         return dict(self.properties).get(name, default)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "arch": self.arch, "features": self.features, "properties": dict(self.properties)}
+        return to_plain(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "DeviceFingerprint":

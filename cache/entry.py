@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from portkern.base.errors import CacheError
+from portkern.base.records import to_plain
 
 
 class CorruptRecordError(CacheError):
@@ -39,8 +40,8 @@ class Entry:
     stage: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """The fields as plain data (shallow: `device` and `flags` are shared, not copied)."""
-        return {name: getattr(self, name) for name in _NAMES}
+        """The fields as plain data."""
+        return to_plain(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
@@ -72,9 +73,6 @@ class Entry:
         return cls(**values)
 
 
-_NAMES = tuple(f.name for f in fields(Entry))
-
-
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -84,7 +82,7 @@ def _count(value: Any) -> bool:
 
 
 _REQUIRED = {f.name for f in fields(Entry) if f.default is MISSING and f.default_factory is MISSING}
-_FIELD_CHECKS = {
+_FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     **{name: (lambda v: isinstance(v, str)) for name in (
         "key", "kernel", "bundle", "bundle_digest", "device_label", "config", "format", "sha256", "compiler", "kernel_digest", "stage")},
     "device": lambda v: isinstance(v, dict),

@@ -1,4 +1,4 @@
-"""The entry index: SQL tables beside diskcache's own in `cache.db`.
+"""The entry index: SQL tables beside the records (`cache.database`) in `cache.db`.
 
 - `portkern_entries`: one row per cached artifact (key, size, created, last use,
   hits, kernel, bundle, device label and fingerprint digest), indexed on last
@@ -8,16 +8,15 @@
   delete and hit update and are never summed by a scan;
 - `portkern_counters`: lookups that hit and missed, for `cache stats`.
 
-Every function takes the connection that holds the transaction (diskcache's),
+Every function takes the connection that holds the transaction (`Database.transact`),
 so index rows move together with the records they describe.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 import sqlite3
+from dataclasses import dataclass, fields
 from typing import Iterable
-
 
 SCHEMA = "1"
 
@@ -71,8 +70,9 @@ class Filter:
     bundle: str | None = None
     device: str | None = None
 
-    def where(self) -> tuple[str, list]:
-        clauses, params = [], []
+    def where(self) -> tuple[str, list[str | int]]:
+        clauses: list[str] = []
+        params: list[str | int] = []
         if self.kernel is not None:
             clauses.append("kernel = ?")
             params.append(self.kernel)
@@ -93,7 +93,7 @@ def installed(con: sqlite3.Connection) -> bool:
     """Whether this database has the index tables at the current schema (a read, no lock)."""
     try:
         row = con.execute("SELECT value FROM portkern_meta WHERE name = 'schema'").fetchone()
-    except Exception as exc:  # noqa: BLE001 - "no such table" is the only expected one
+    except sqlite3.OperationalError as exc:  # "no such table" is the only expected one
         if "no such table" in str(exc):
             return False
         raise
@@ -156,7 +156,7 @@ def count(con: sqlite3.Connection, where: Filter = Filter()) -> int:
     if where == Filter():
         return sum(t["entries"] for t in totals(con).values())
     clause, params = where.where()
-    return con.execute(f"SELECT count(*) FROM portkern_entries{clause}", params).fetchone()[0]
+    return int(con.execute(f"SELECT count(*) FROM portkern_entries{clause}", params).fetchone()[0])
 
 
 def totals(con: sqlite3.Connection) -> dict[str, dict[str, int]]:
@@ -166,7 +166,7 @@ def totals(con: sqlite3.Connection) -> dict[str, dict[str, int]]:
 
 
 def total_bytes(con: sqlite3.Connection) -> int:
-    return con.execute("SELECT coalesce(sum(bytes), 0) FROM portkern_totals").fetchone()[0]
+    return int(con.execute("SELECT coalesce(sum(bytes), 0) FROM portkern_totals").fetchone()[0])
 
 
 #: The counters: local lookups that hit and missed, and lookups of native code in the remote tier.
@@ -200,6 +200,12 @@ def rebuild_totals(con: sqlite3.Connection) -> bool:
     con.execute("INSERT INTO portkern_totals SELECT device_label, count(*), sum(size), sum(hits)"
         " FROM portkern_entries GROUP BY device_label")
     return totals(con) != before
+
+
+def clear(con: sqlite3.Connection) -> None:
+    """Remove every row and count (inside the caller's transaction)."""
+    for table in ("portkern_entries", "portkern_totals", "portkern_counters"):
+        con.execute(f"DELETE FROM {table}")
 
 
 def keys(con: sqlite3.Connection) -> set[str]:

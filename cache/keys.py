@@ -11,7 +11,10 @@ An artifact key hashes, as canonical JSON:
 
 A tuning key hashes the problem key (what the dispatch computes: op kinds,
 shapes, dtypes), the device fingerprint and the compiler version: two bundles
-with the same dispatch on the same device share one tuning result.
+with the same dispatch on the same device share one tuning result. The problem
+keys themselves (a dispatch's, a kernel's selection, its bucket index, an OpenCL
+kernel's point space) and the probe key are formed here too: no other module
+writes a key.
 """
 
 from __future__ import annotations
@@ -66,15 +69,40 @@ def artifact_key(
     return ArtifactKey(kernel, device, compiler, config, tuple(flags))
 
 
-def problem_key(description: str, runtime: str) -> str:
-    """The problem key of a dispatch: what it computes (op kinds, indexing maps, shapes,
-    dtypes) and how it is run (runtime driver and thread count change the best tiles)."""
-    return f"{runtime} | {description}"
+def dispatch_problem(description: str, driver: str, threads: int) -> str:
+    """The problem key of a dispatch: what it computes (`description`: op kinds, indexing maps,
+    shapes, dtypes) and how it is run (the runtime driver and thread count change the best tiles)."""
+    return f"driver={driver} threads={threads} | {description}"
+
+
+def selection_problem(kernel: str) -> str:
+    """The problem "which config for this whole kernel" (`kernel`: its `kernel_digest`); its
+    record is the kernel's stored selection."""
+    return f"kernel:{kernel}"
+
+
+def index_problem(selection: str) -> str:
+    """The problem under which a kernel's per-bucket decisions are stored (`selection`: its
+    `selection_problem`)."""
+    return selection + " buckets"
+
+
+def opencl_problem(kind: str, entry: str, launch: Any, stage_blobs: Sequence[str], points: int, at: str) -> str:
+    """The problem key of an OpenCL kernel's parameter space: the kernel with its launch
+    description (`launch`: the record's, as JSON data) and stages, the number of valid points,
+    and the shapes it is tuned at (`at`, "" for static shapes)."""
+    built = hashlib.sha256(json.dumps([launch, list(stage_blobs)], sort_keys=True).encode()).hexdigest()
+    return f"opencl:{kernel_digest(kind, entry, built)} points={points} at {at or 'static shapes'}"
 
 
 def tuning_key(problem: str, device: DeviceFingerprint, compiler: str) -> str:
     """Key of the best perf config found for a problem on a device."""
     return _hash({"problem": problem, "device": device.digest(), "compiler": compiler})
+
+
+def probe_key(parts: Sequence[str], compiler_version: str, compiler_revision: str) -> str:
+    """Key of a probe record: what was probed (`parts`) and the compiler that answered."""
+    return hashlib.sha256("|".join((*parts, compiler_version, compiler_revision)).encode()).hexdigest()
 
 
 def validated_key(payload_digest: str, schema_digest: str) -> str:

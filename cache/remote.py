@@ -11,15 +11,15 @@ file named after the key); readers write nothing. With trusted keys configured
 `PORTKERN_REQUIRE_SIGNATURE` is set.
 
 A value is untrusted until checked: its size is bounded before it is read, its
-framing, key and sha256 are checked, and a bad one is dropped with a warning (and
+framing, key and sha256 are checked, and a bad one is dropped and logged (and
 replaced by the next good write, never a good value by a bad one). Redis down,
-slow, full or refusing: one warning, then local behaviour; it is tried again after
+slow, full or refusing: one logged warning, then local behaviour; it is tried again after
 `RETRY_AFTER_S`. Nothing here ever makes a kernel fail.
 
 Other settings: `PORTKERN_REMOTE_MAX_VALUE` (largest value written or read, default
 64MiB), `PORTKERN_REMOTE_TIMEOUT` (seconds per Redis operation, default 2),
 `PORTKERN_REMOTE_LOCK_S` (the longest a host waits for another host's build lock before it
-warns and builds itself, default 30; the holder keeps a `LEASE_S` lease renewed while it builds,
+logs a warning and builds itself, default 30; the holder keeps a `LEASE_S` lease renewed while it builds,
 so a dead holder's lock lapses within that).
 """
 
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -35,14 +36,16 @@ import uuid
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from portkern import schemas
-
-from portkern.base import settings, signing
-from portkern.base import framing
-from portkern.cache.config import CacheWarning
+from portkern.base import framing, settings, signing
 from portkern.base.errors import CacheError, PortkernError
+from portkern.cache.config import CacheWarning
+
+if TYPE_CHECKING:
+    import redis
+    from redis.lock import Lock
 
 REMOTE_ENV = settings.REMOTE_CACHE
 MAX_VALUE_ENV = settings.REMOTE_MAX_VALUE
@@ -63,8 +66,16 @@ DEFAULT_LOCK_S = settings.DEFAULT_REMOTE_LOCK_S
 PUBLISHED, PRESENT = "published", "present"
 
 
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+_D = TypeVar("_D")
+
+
 class RemoteCacheWarning(CacheWarning):
-    """The remote tier could not be used, or served a value that was dropped; kernels still run."""
+    """This host cannot sign what it would publish (its signing key); kernels still run. The remote
+    tier's operational events (Redis not usable, a value dropped, a build lock not let go) are
+    logged on `portkern.cache.remote`."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +114,7 @@ class RemoteCache:
     def __init__(self, config: RemoteConfig, policy: signing.Policy | None = None) -> None:
         self.config = config
         self.policy = policy if policy is not None else signing.from_env()
-        self._client = None
+        self._client: redis.Redis | None = None
         self._down_until = 0.0
         #: sha256 of values dropped as bad, by Redis key: skipped when read, and only these are overwritten.
         self._bad: dict[str, str] = {}
@@ -119,7 +130,7 @@ class RemoteCache:
 
     # --- plumbing ------------------------------------------------------------
 
-    def _redis(self):
+    def _redis(self) -> redis.Redis | None:
         if time.monotonic() < self._down_until:
             return None
         if self._client is None:
@@ -136,16 +147,14 @@ class RemoteCache:
     def _fail(self, exc: BaseException) -> None:
         self.last_error = f"{type(exc).__name__}: {exc}"
         if self._down_until <= time.monotonic():
-            warnings.warn(
-                f"remote cache {_safe(self.config.url)} is not usable ({type(exc).__name__}: {exc}); "
-                f"running on the local cache (trying again in {RETRY_AFTER_S:.0f} s)",
-                RemoteCacheWarning,
-                stacklevel=4,
+            log.warning(
+                "remote cache %s is not usable (%s: %s); running on the local cache (trying again in %.0f s)",
+                _safe(self.config.url), type(exc).__name__, exc, RETRY_AFTER_S,
             )
         self._down_until = time.monotonic() + RETRY_AFTER_S
         self._client = None
 
-    def _call(self, what, default=None):
+    def _call(self, what: Callable[[redis.Redis], _T], default: _D) -> _T | _D:
         client = self._redis()
         if client is None:
             return default
@@ -178,7 +187,7 @@ class RemoteCache:
         if outcome != PRESENT:
             return outcome
         name = self.name(kind, key)
-        raw = self._call(lambda client: client.get(name), None)
+        raw = self._call(lambda client: _bytes(client.get(name)), None)
         if raw is None:
             return self._why_not_written()
         try:
@@ -188,7 +197,7 @@ class RemoteCache:
             self._drop(kind, key, raw, str(exc))
         return self._publish(kind, key, data, meta)
 
-    def get_tuning(self, key: str) -> dict | None:
+    def get_tuning(self, key: str) -> dict[str, Any] | None:
         """A tuning record stored under a tuning key, checked; None on a miss or a bad value."""
         fetched = self._get(TUNING, key)
         if fetched is None:
@@ -202,21 +211,21 @@ class RemoteCache:
             return None
         return record
 
-    def put_tuning(self, key: str, record: dict) -> bool:
+    def put_tuning(self, key: str, record: dict[str, Any]) -> bool:
         return self._put(TUNING, key, json.dumps(record, sort_keys=True).encode(), {})
 
     def _get(self, kind: str, key: str) -> Fetched | None:
         name = self.name(kind, key)
 
-        def read(client):
+        def read(client: redis.Redis) -> bytes | None:
             size = client.strlen(name)
             if not size:
                 return None
             if size > self.config.max_value + (1 << 16):
                 return b""  # refused unread
-            return client.get(name)
+            return _bytes(client.get(name))
 
-        raw = self._call(read)
+        raw = self._call(read, None)
         if raw is None or self._bad.get(name) == hashlib.sha256(raw).hexdigest():
             return None
         try:
@@ -233,7 +242,7 @@ class RemoteCache:
         name = self.name(NATIVE, key)
         if name in self._served:
             self._bad[name] = self._served.pop(name)
-        warnings.warn(f"remote cache value {NATIVE}:{key[:16]} dropped ({reason}); building it here", RemoteCacheWarning, stacklevel=3)
+        log.warning("remote cache value %s:%s dropped (%s); building it here", NATIVE, key[:16], reason)
 
     def _check(self, kind: str, key: str, raw: bytes) -> Fetched:
         if not raw:
@@ -255,9 +264,7 @@ class RemoteCache:
         name = self.name(kind, key)
         if raw is not None:
             self._bad[name] = hashlib.sha256(raw).hexdigest()
-        warnings.warn(
-            f"remote cache value {kind}:{key[:16]} dropped ({reason}); building it here", RemoteCacheWarning, stacklevel=4
-        )
+        log.warning("remote cache value %s:%s dropped (%s); building it here", kind, key[:16], reason)
 
     def _put(self, kind: str, key: str, data: bytes, meta: dict[str, Any]) -> bool:
         return self._publish(kind, key, data, meta) == PUBLISHED
@@ -299,7 +306,7 @@ class RemoteCache:
 
         The lock names its holder (host and process) and lives `LEASE_S` unless renewed, which
         the holder does while it builds. A waiter waits up to `lock_s` for the lock; a lock that
-        is not let go by then (a planted lock, a holder that died or is slow) costs a warning
+        is not let go by then (a planted lock, a holder that died or is slow) costs a logged warning
         naming the kernel and the holder, and the waiter builds itself. Without Redis, yields
         False at once (build locally).
         """
@@ -312,15 +319,13 @@ class RemoteCache:
                 lock = client.lock(name, timeout=LEASE_S, sleep=0.1, blocking_timeout=self.config.lock_s, thread_local=False)
                 if not lock.acquire(token=token):
                     lock = None
-                    holder = self._call(lambda c: c.get(name), None)
-                    warnings.warn(
-                        f"the fleet build lock of {what or 'kernel'} ({key[:16]}) is held by {_holder(holder)} and was "
-                        f"not let go within {self.config.lock_s:g} s ({LOCK_ENV}): a planted lock or a holder that died "
-                        "or is slow; building it here",
-                        RemoteCacheWarning,
-                        stacklevel=3,
+                    holder = self._call(lambda c: _bytes(c.get(name)), None)
+                    log.warning(
+                        "the fleet build lock of %s (%s) is held by %s and was not let go within %g s (%s): a planted "
+                        "lock or a holder that died or is slow; building it here",
+                        what or "kernel", key[:16], _holder(holder), self.config.lock_s, LOCK_ENV,
                     )
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:  # noqa: BLE001 - Redis down, slow or refusing: build locally, never fail
                 self._fail(exc)
                 lock = None
         if lock is not None:
@@ -340,7 +345,7 @@ class RemoteCache:
 class _Renewer:
     """Renews a held build lock's lease every third of `LEASE_S` until stopped (or the lock is lost)."""
 
-    def __init__(self, lock) -> None:
+    def __init__(self, lock: Lock) -> None:
         self._lock = lock
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="portkern-remote-lock", daemon=True)
@@ -365,15 +370,15 @@ def _holder(value: bytes | None) -> str:
     return repr(value[:80].decode("utf-8", "replace"))
 
 
-def _replace_if(client, name: str, expected: str, value: bytes) -> bool:
+def _replace_if(client: redis.Redis, name: str, expected: str, value: bytes) -> bool:
     """Set `name` to `value` only if it is missing or still holds the value with sha256 `expected`
     (one dropped as bad), never over a value written since."""
     import redis
 
     with client.pipeline() as pipe:
         try:
-            pipe.watch(name)
-            current = pipe.get(name)
+            pipe.watch(name)  # type: ignore[no-untyped-call]  # redis-py leaves Pipeline.watch unannotated
+            current = _bytes(pipe.get(name))
             if current is not None and hashlib.sha256(current).hexdigest() != expected:
                 return False
             pipe.multi()
@@ -382,6 +387,14 @@ def _replace_if(client, name: str, expected: str, value: bytes) -> bool:
             return True
         except redis.WatchError:
             return False
+
+
+def _bytes(value: bytes | str | None) -> bytes | None:
+    """A value as Redis answers it: bytes, None when absent; CacheError for text (a client that
+    decodes responses, as `decode_responses` in the URL asks)."""
+    if isinstance(value, str):
+        raise CacheError("the Redis client decodes values to text (decode_responses in the URL); values are bytes")
+    return value
 
 
 def _safe(url: str) -> str:

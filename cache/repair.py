@@ -1,10 +1,8 @@
 """What `verify` and `clear` do to the files of a cache directory, beside its database.
 
-diskcache keeps values of 32 KiB and more in files under two levels of hex
-subdirectories (`ab/cd/<hex>.val`) and names each in its row's `filename`.
-A process killed between writing such a file and committing its row leaves
-a file no row names; these functions find and remove them, stale lock files,
-and everything at `clear`.
+A cache directory holds its database (`cache.db` and SQLite's `-wal` and `-shm`
+files), databases moved aside, build locks and prepared bundles; `verify` removes
+anything else and stale lock files, `clear` everything.
 """
 
 from __future__ import annotations
@@ -13,14 +11,14 @@ import errno
 import os
 import shutil
 import sys
-import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from portkern.cache import database
 from portkern.cache.entry import Entry
 
-DATABASE = "cache.db"
+DATABASE = database.DATABASE
 #: Files SQLite keeps beside the database.
 DATABASE_FILES = (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm")
 #: Databases that could not be opened are renamed to `cache.db.damaged-<time>-<pid>`.
@@ -44,37 +42,10 @@ class Finding:
     fixed: bool = True
 
 
-def referenced_files(con: sqlite3.Connection) -> dict[str, str]:
-    """Each value file a database row names, with that row's key."""
-    return {filename: key for key, filename in con.execute("SELECT key, filename FROM Cache WHERE filename IS NOT NULL")}
-
-
-def _is_hex_dir(name: str) -> bool:
-    return len(name) == 2 and all(c in "0123456789abcdef" for c in name)
-
-
-def stray_files(directory: Path, referenced: set[str]) -> list[str]:
-    """Files in the directory that no row names and that are neither the database nor locks
-    (relative paths); empty value subdirectories are removed on the way."""
-    stray = []
-    for top in sorted(os.listdir(directory)):
-        path = directory / top
-        if top in DATABASE_FILES or top.startswith(DAMAGED) or top in (LOCKS, BUNDLES):
-            continue
-        if path.is_dir() and not path.is_symlink() and _is_hex_dir(top):
-            for root, dirs, files in os.walk(path, topdown=False):
-                for name in files:
-                    relative = os.path.relpath(os.path.join(root, name), directory)
-                    if relative not in referenced:
-                        stray.append(relative)
-                for name in dirs:
-                    try:
-                        os.rmdir(os.path.join(root, name))  # only succeeds when empty
-                    except OSError:
-                        pass
-        else:
-            stray.append(top)
-    return stray
+def stray_files(directory: Path) -> list[str]:
+    """The names in the directory that are not part of the cache (what `verify` removes)."""
+    return [name for name in sorted(os.listdir(directory))
+            if name not in (*DATABASE_FILES, LOCKS, BUNDLES) and not name.startswith(DAMAGED)]
 
 
 def remove_path(path: Path) -> None:
@@ -91,7 +62,7 @@ def stale_locks(directory: Path) -> list[str]:
     """Remove lock files that no process holds; their relative paths."""
     from filelock import FileLock, Timeout
 
-    removed = []
+    removed: list[str] = []
     locks = directory / LOCKS
     if not locks.is_dir():
         return removed
@@ -142,12 +113,12 @@ def move_aside(directory: Path) -> Path:
 def remove_everything(directory: Path, keep: tuple[str, ...] = ()) -> list[str]:
     """Delete every file and directory inside `directory` but those named in `keep`; the names
     whose deletion failed (a file another process creates again right after is not one of them)."""
-    left = []
+    left: list[str] = []
     if not directory.is_dir():
         return left
     for name in sorted(set(os.listdir(directory)) - set(keep)):
         path = directory / name
-        failed: list[OSError] = []
+        failed: list[BaseException] = []
         if path.is_dir() and not path.is_symlink():
             if sys.version_info >= (3, 12):
                 shutil.rmtree(path, onexc=lambda _f, _p, exc: failed.append(exc))
@@ -159,6 +130,6 @@ def remove_everything(directory: Path, keep: tuple[str, ...] = ()) -> list[str]:
             except OSError as exc:
                 failed.append(exc)
         # gone already, or a folder another process has just written a new entry into
-        if any(not isinstance(exc, FileNotFoundError) and exc.errno != errno.ENOTEMPTY for exc in failed):
+        if any(not isinstance(exc, FileNotFoundError) and getattr(exc, "errno", None) != errno.ENOTEMPTY for exc in failed):
             left.append(name)
     return left

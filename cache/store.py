@@ -1,20 +1,20 @@
-"""The per-device store: native artifacts, tuning results, device probes and bundle checks, on diskcache.
+"""The per-device store: native artifacts, tuning results, device probes and bundle checks, in SQLite.
 
-Layout inside one diskcache directory (only `str` and `bytes` values, so nothing is pickled):
+Records in one directory's database (`cache.database`; `str` and `bytes` values only):
 
 - `a/<key>`: the native artifact's bytes;
 - `m/<key>`: its metadata, JSON (an `Entry`), written in the same transaction;
 - `t/<key>`: a tuning result, JSON;
 - `p/<key>`: a memoised device probe, JSON;
 - `v/<key>`: the memo "a bundle with this digest passed this schema", JSON;
-- beside diskcache's table, the entry index (`cache.index`): size, last use,
+- beside them, the entry index (`cache.index`): size, last use,
   hits, kernel, bundle and device of every artifact, per-device totals kept by
   triggers, and the hit/miss counters.
 
 Every artifact read re-hashes the bytes against the sha256 in its metadata; a
-mismatch, or a record that does not decode to its kind, evicts that entry (one
-warning) and reads as a miss. A database SQLite cannot read is moved aside to
-`cache.db.damaged-<time>-<pid>` and a fresh one started. Any other failure of
+mismatch, or a record that does not decode to its kind, evicts that entry (logged
+on `portkern.cache.store`) and reads as a miss. A database SQLite cannot read is moved
+aside to `cache.db.damaged-<time>-<pid>` (logged) and a fresh one started. Any other failure of
 the cache becomes one warning and the store carries on without that directory,
 opening it again after `RETRY_FIRST` lookups, then after twice as many each
 time it still fails (at most `RETRY_MAX`): a directory cleared or replaced
@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
+import logging
 import os
 import sqlite3
 import time
@@ -42,23 +43,28 @@ import weakref
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, TypeVar
 
 from portkern.base import settings
-from portkern.cache import index, readonly, repair
+from portkern.base.errors import CacheError
+from portkern.cache import index, repair
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
+from portkern.cache.database import Database, writable
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.entry import CorruptRecordError, Entry
 from portkern.cache.hits import HitLog, Pending
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
 from portkern.cache.repair import Finding
-from portkern.base.errors import CacheError
 
 if TYPE_CHECKING:
     from portkern.cache.remote import RemoteCache
 
+_T = TypeVar("_T")
+
 __all__ = ["CacheWarning", "Entry", "Filter", "Finding", "Store", "default_store", "matches_device", "UNUSABLE"]
+
+log = logging.getLogger(__name__)
 
 #: Set (to the reason) in a stored tuning result whose config failed to build on its device:
 #: the record stays (an import or the remote tier would bring it back) but is not used again.
@@ -68,6 +74,9 @@ UNUSABLE = "unusable"
 LOW_WATER = 0.9
 #: Entries written per transaction by `put_many`.
 BATCH = 500
+#: ... and at most this many bytes of artifacts (a larger artifact goes alone): every byte a
+#: transaction writes passes through the write-ahead log.
+BATCH_BYTES = 64 << 20
 #: A directory that could not be opened (or only read) is tried again after this many lookups,
 #: then after twice as many each time it still fails, up to `RETRY_MAX`.
 RETRY_FIRST = 1
@@ -79,10 +88,10 @@ def damaged(exc: BaseException) -> bool:
     return type(exc) is sqlite3.DatabaseError
 
 
-def _text(cache, name: str) -> Any:
+def _text(db: Database, name: str) -> Any:
     """A stored JSON text; `CorruptRecordError` when its bytes are not text."""
     try:
-        return cache.get(name)
+        return db.get(name)
     except UnicodeDecodeError:
         raise CorruptRecordError("not UTF-8 text") from None
     except sqlite3.OperationalError as exc:
@@ -91,7 +100,7 @@ def _text(cache, name: str) -> Any:
         raise
 
 
-def _decode_record(text: Any) -> dict:
+def _decode_record(text: Any) -> dict[str, Any]:
     try:
         record = json.loads(text)
     except (TypeError, ValueError) as exc:
@@ -104,7 +113,7 @@ def _decode_record(text: Any) -> dict:
 def _index_row(entry: Entry) -> index.Row:
     try:
         digest = DeviceFingerprint.from_dict(entry.device).digest()
-    except Exception:  # noqa: BLE001 - a device we cannot read is only unmatchable by digest
+    except (AttributeError, KeyError, TypeError):  # a device record we cannot read is only unmatchable by digest
         digest = ""
     return index.Row(entry.key, entry.size, entry.created, entry.last_used, entry.hits,
                      entry.kernel, entry.bundle, entry.device_label, digest)
@@ -122,7 +131,7 @@ class _Layer:
     """One cache directory and this process's connection to it."""
 
     directory: Path
-    cache: Any = None
+    db: Database | None = None
     identity: tuple[int, int] | None = None
     broken: str | None = None
     moved_aside: bool = False
@@ -185,59 +194,68 @@ class Store:
 
     # --- plumbing -----------------------------------------------------------
 
-    def _connect(self, layer: _Layer):
+    def _connect(self, layer: _Layer) -> Database:
         """A connection to the database at the directory now; the file it opened is recorded as
         `layer.identity` (a database another process replaces during the open is opened again)."""
         for _ in range(3):
-            cache = self._connect_once(layer)
+            db = self._connect_once(layer)
             if layer.identity == repair.identity(layer.directory / repair.DATABASE):
-                return cache
-            cache.close()  # cleared or moved aside while it was opened: which file it opened is unknown
+                return db
+            db.close()  # cleared or moved aside while it was opened: which file it opened is unknown
         return self._connect_once(layer)
 
-    def _connect_once(self, layer: _Layer):
+    def _connect_once(self, layer: _Layer) -> Database:
         seen = repair.identity(layer.directory / repair.DATABASE)
-        layer.read_only = not readonly.writable(layer.directory)
+        layer.read_only = not writable(layer.directory)
         layer.refused = None
         if layer.read_only:
-            cache = readonly.ReadOnlyCache(layer.directory)
+            db = Database(layer.directory, read_only=True)
         else:
-            import diskcache
-
-            layer.directory.mkdir(parents=True, exist_ok=True)
             try:
-                cache = diskcache.Cache(str(layer.directory), eviction_policy="none", size_limit=1 << 62, statistics=0)
+                db = Database(layer.directory)
             except (sqlite3.OperationalError, OSError) as exc:
-                cache = self._read_instead(layer, exc)
+                db = self._read_instead(layer, exc)
         try:
-            con = cache._con  # diskcache's connection: the index shares its transactions
-            if not index.installed(con):
-                if layer.read_only:
-                    raise sqlite3.OperationalError("no entry index (written by an older portkern): open it writable once")
-                with cache.transact():
-                    if not index.installed(con):
-                        index.install(con, self._unindexed(cache))
+            if not self._installed(db):
+                if db.read_only:
+                    raise sqlite3.OperationalError("written by an older portkern: open it writable once")
+                with db.transact():
+                    folders = [] if self._installed(db) else self._install(db)
+                for folder in folders:
+                    repair.remove_path(folder)
             now = repair.identity(layer.directory / repair.DATABASE)
             layer.identity = now if seen is None or now == seen else None  # None: replaced during the open
         except BaseException:
-            cache.close()
+            db.close()
             raise
-        return cache
+        return db
 
-    def _read_instead(self, layer: _Layer, exc: BaseException):
+    @staticmethod
+    def _installed(db: Database) -> bool:
+        return db.installed() and index.installed(db.con)
+
+    def _install(self, db: Database) -> list[Path]:
+        """The records table and the entry index (inside the caller's transaction), for a new
+        database or one an older portkern wrote; folders to remove once committed."""
+        folders = db.install()
+        if not index.installed(db.con):
+            index.install(db.con, self._unindexed(db))
+        return folders
+
+    def _read_instead(self, layer: _Layer, exc: BaseException) -> Database:
         """A directory that cannot be opened for writing (a full disk), opened to read its entries;
         `exc` again when it cannot be read either."""
         if not (layer.directory / repair.DATABASE).is_file():
             raise exc
         try:
-            cache = readonly.ReadOnlyCache(layer.directory)
+            db = Database(layer.directory, read_only=True)
         except Exception:  # noqa: BLE001 - the failure to report is the first one
             raise exc from None
         layer.read_only = True
         layer.refused = f"open for writing: {type(exc).__name__}: {exc}"
         layer.back_off()
         self._refuse(layer)
-        return cache
+        return db
 
     def _refuse(self, layer: _Layer, problem: str | None = None) -> None:
         """Say once per directory that new entries are not stored there."""
@@ -250,29 +268,29 @@ class Store:
                 stacklevel=5,
             )
 
-    def _open(self, layer: _Layer):
+    def _open(self, layer: _Layer) -> Database | None:
         if layer.retry_in:  # after a failed (or read-only) open: try again once enough lookups have passed
             layer.retry_in -= 1
             if layer.retry_in == 0:
                 self._close_connection(layer)
                 layer.broken = None
-        if layer.cache is not None and repair.identity(layer.directory / repair.DATABASE) != layer.identity:
+        if layer.db is not None and repair.identity(layer.directory / repair.DATABASE) != layer.identity:
             self._close_connection(layer)  # cleared or moved aside by another process: open the new one
-        if layer.cache is None and layer.broken is None:
+        if layer.db is None and layer.broken is None:
             before = repair.identity(layer.directory / repair.DATABASE)
             try:
-                layer.cache = self._connect(layer)
+                layer.db = self._connect(layer)
             except Exception as exc:  # noqa: BLE001 - any cache failure degrades, never fails
                 if damaged(exc) and not layer.read_only and self._move_aside(layer, exc, before):
                     try:
-                        layer.cache = self._connect(layer)
-                    except Exception as again:  # noqa: BLE001
+                        layer.db = self._connect(layer)
+                    except Exception as again:  # noqa: BLE001 - as above: the cache degrades, never fails
                         self._fail(layer, "open", again)
                 else:
                     self._fail(layer, "open", exc)
-            if layer.cache is not None and layer.refused is None:
+            if layer.db is not None and layer.refused is None:
                 layer.failures = layer.retry_in = 0
-        return layer.cache
+        return layer.db
 
     def _writer(self, warn: bool = True) -> _Layer | None:
         """The first writable directory; None (one warning, when `warn`) when every usable one is read-only."""
@@ -304,11 +322,7 @@ class Store:
         except OSError as error:
             self._fail(layer, "move aside", error)
             return False
-        warnings.warn(
-            f"portkern cache database {database} cannot be read ({exc}); moved aside to {aside.name}, starting a fresh one",
-            CacheWarning,
-            stacklevel=4,
-        )
+        log.warning("portkern cache database %s cannot be read (%s); moved aside to %s, starting a fresh one", database, exc, aside.name)
         return True
 
     def _fail(self, layer: _Layer, what: str, exc: BaseException) -> None:
@@ -326,19 +340,19 @@ class Store:
             )
         self._close_connection(layer)
 
-    def _guard(self, layer: _Layer | None, what: str, action: Callable[[Any], Any], default: Any = None,
-               writing: bool = False) -> Any:
-        """`action(cache)` on one directory; `default` when it is absent, unusable or fails. A
+    def _guard(self, layer: _Layer | None, what: str, action: Callable[[Database], _T], default: _T,
+               writing: bool = False) -> _T:
+        """`action(db)` on one directory; `default` when it is absent, unusable or fails. A
         `writing` action that fails leaves the directory in use for reads (one warning)."""
         if layer is None:
             return default
         for attempt in range(2):  # a second time on a fresh database after moving a damaged one aside
-            cache = self._open(layer)
-            if cache is None:
+            db = self._open(layer)
+            if db is None:
                 return default
             try:
-                return action(cache)
-            except Exception as exc:  # noqa: BLE001
+                return action(db)
+            except Exception as exc:  # noqa: BLE001 - the store's boundary: a failing directory degrades, never fails a kernel
                 if attempt == 0 and damaged(exc) and not layer.read_only and self._move_aside(layer, exc, layer.identity):
                     continue
                 if writing and not damaged(exc):
@@ -348,23 +362,23 @@ class Store:
                 return default
         return default
 
-    def _each(self, what: str, action: Callable[[Any], Any], default: Any = None) -> Iterator[Any]:
-        """`action(cache)` on every usable directory in lookup order."""
+    def _each(self, what: str, action: Callable[[Database], _T], default: _T) -> Iterator[_T]:
+        """`action(db)` on every usable directory in lookup order."""
         for layer in self._layers:
             yield self._guard(layer, what, action, default)
 
-    def _write(self, what: str, action: Callable[[Any], Any], default: Any = None) -> Any:
-        """`action(cache)` on the directory new entries go to."""
+    def _write(self, what: str, action: Callable[[Database], _T], default: _T) -> _T:
+        """`action(db)` on the directory new entries go to."""
         return self._guard(self._writer(), what, action, default, writing=True)
 
     @staticmethod
     def _close_connection(layer: _Layer) -> None:
-        if layer.cache is not None:
+        if layer.db is not None:
             try:
-                layer.cache.close()
+                layer.db.close()
             except Exception:  # noqa: BLE001 - closing a broken database must not raise
                 pass
-            layer.cache = None
+            layer.db = None
 
     def close(self) -> None:
         """Write pending hit counts and close the databases."""
@@ -372,24 +386,22 @@ class Store:
         for layer in self._layers:
             self._close_connection(layer)
 
-    def _corrupt(self, cache, key: str, problem: str, label: str = "") -> None:
-        if getattr(cache, "read_only", False):
-            warnings.warn(f"portkern cache entry {key[:16]}{label} in read-only {cache.directory} is corrupt; not used ({problem})",
-                          CacheWarning, stacklevel=4)
+    def _corrupt(self, db: Database, key: str, problem: str, label: str = "") -> None:
+        if db.read_only:
+            log.warning("portkern cache entry %s%s in read-only %s is corrupt; not used (%s)", key[:16], label, db.directory, problem)
             return
-        with cache.transact():  # under the writers' lock: an entry written meanwhile is intact now
-            if isinstance(self._load(cache, key), tuple):
+        with db.transact():  # under the writers' lock: an entry written meanwhile is intact now
+            if isinstance(self._load(db, key), tuple):
                 return
-            self._remove(cache, key)
-        warnings.warn(f"portkern cache entry {key[:16]}{label} is corrupt; evicted, it will be rebuilt ({problem})",
-                      CacheWarning, stacklevel=4)
+            self._remove(db, key)
+        log.warning("portkern cache entry %s%s is corrupt; evicted, it will be rebuilt (%s)", key[:16], label, problem)
 
     # --- artifacts ----------------------------------------------------------
 
-    def _load(self, cache, key: str) -> tuple[bytes, Entry] | str | None:
+    def _load(self, db: Database, key: str) -> tuple[bytes, Entry] | str | None:
         """An intact artifact and its metadata, None when absent, or what is wrong with it."""
         try:
-            meta = _text(cache, f"m/{key}")
+            meta = _text(db, f"m/{key}")
             if meta is None:
                 return None
             entry = Entry.from_json(meta)
@@ -397,7 +409,7 @@ class Store:
             return f"metadata record {exc}"
         if entry.key != key:
             return "metadata record belongs to another key"
-        data = cache.get(f"a/{key}")
+        data = db.get(f"a/{key}")
         if data is None:
             return "artifact missing"
         if not isinstance(data, bytes) or len(data) != entry.size or hashlib.sha256(data).hexdigest() != entry.sha256:
@@ -408,16 +420,16 @@ class Store:
         """The artifact and its metadata, if present and intact (counts a hit or miss; writes nothing
         until a batch of counts is due)."""
 
-        def read(cache):
-            found = self._load(cache, key)
+        def read(db: Database) -> tuple[bytes, Entry] | None:
+            found = self._load(db, key)
             if isinstance(found, str):
-                found = self._load(cache, key)  # a concurrent delete or replace reads right the second time
+                found = self._load(db, key)  # a concurrent delete or replace reads right the second time
                 if isinstance(found, str):
-                    self._corrupt(cache, key, found)
+                    self._corrupt(db, key, found)
                     found = None
             return found
 
-        found = next((hit for hit in self._each("read", read) if hit is not None), None)
+        found = next((hit for hit in self._each("read", read, None) if hit is not None), None)
         if count:
             if found is None:
                 self._hits.miss()
@@ -441,20 +453,26 @@ class Store:
         return self.put_many([(key, data, entry)]) == 1
 
     def put_many(self, items: Iterable[tuple[str, bytes, Entry]]) -> int:
-        """Store artifacts, `BATCH` per transaction; how many were stored."""
-        prepared = [self._prepare(*item) for item in items]
+        """Store artifacts, `BATCH` (or `BATCH_BYTES`) per transaction; how many were stored."""
+        batches: list[list[tuple[str, bytes, Entry]]] = []
+        size = 0
+        for item in items:
+            if not batches or len(batches[-1]) == BATCH or size + len(item[1]) > BATCH_BYTES:
+                batches.append([])
+                size = 0
+            batches[-1].append(self._prepare(*item))
+            size += len(item[1])
         stored = 0
-        for start in range(0, len(prepared), BATCH):
-            batch = prepared[start : start + BATCH]
+        for batch in batches:
 
-            def write(cache, batch=batch):
-                with cache.transact():
-                    self._write_counts(cache)
+            def write(db: Database, batch: list[tuple[str, bytes, Entry]] = batch) -> int:
+                with db.transact():
+                    self._write_counts(db)
                     for key, data, entry in batch:
-                        cache.set(f"a/{key}", data)
-                        cache.set(f"m/{key}", entry.to_json())
-                        index.add(cache._con, _index_row(entry))
-                    self._evict(cache, self.config.max_size, int(self.config.max_size * LOW_WATER))
+                        db.set(f"a/{key}", data)
+                        db.set(f"m/{key}", entry.to_json())
+                        index.add(db.con, _index_row(entry))
+                    self._evict(db, self.config.max_size, int(self.config.max_size * LOW_WATER))
                 return len(batch)
 
             done = self._write("write", write, 0)
@@ -464,23 +482,23 @@ class Store:
         return stored
 
     def delete(self, key: str) -> bool:
-        def remove(cache):
-            with cache.transact():
-                return self._remove(cache, key)
+        def remove(db: Database) -> bool:
+            with db.transact():
+                return self._remove(db, key)
 
         return bool(self._write("delete", remove, False))
 
     @staticmethod
-    def _remove(cache, key: str) -> bool:
+    def _remove(db: Database, key: str) -> bool:
         """Remove an entry's index row, metadata and artifact (inside the caller's transaction)."""
-        indexed = index.remove(cache._con, key)
-        found = cache.delete(f"m/{key}")
-        cache.delete(f"a/{key}")
+        indexed = index.remove(db.con, key)
+        found = db.delete(f"m/{key}")
+        db.delete(f"a/{key}")
         return bool(indexed or found)
 
-    def _evict(self, cache, budget: int, target: int) -> list[Entry]:
+    def _evict(self, db: Database, budget: int, target: int) -> list[Entry]:
         """When the entries pass `budget` bytes, remove least recently used ones until they fit `target`."""
-        con = cache._con
+        con = db.con
         total = index.total_bytes(con)
         evicted: list[Entry] = []
         if total <= budget:
@@ -492,17 +510,17 @@ class Store:
             for row in victims:
                 if total <= target:
                     break
-                self._remove(cache, row.key)
+                self._remove(db, row.key)
                 total -= row.size
                 evicted.append(_row_entry(row))
         return evicted
 
-    def _entries(self, cache, rows: list[index.Row]) -> list[Entry]:
+    def _entries(self, db: Database, rows: list[index.Row]) -> list[Entry]:
         """Full entries for index rows (hits and last use from the index); corrupt ones are evicted."""
         found, bad = [], []
         for row in rows:
             try:
-                meta = _text(cache, f"m/{row.key}")
+                meta = _text(db, f"m/{row.key}")
                 if meta is None:
                     raise CorruptRecordError("missing")
                 entry = Entry.from_json(meta)
@@ -512,17 +530,17 @@ class Store:
             entry.hits, entry.last_used = row.hits, row.last_used
             found.append(entry)
         for row, problem in bad:
-            self._corrupt(cache, row.key, problem, f" ({row.kernel} on {row.device_label})")
+            self._corrupt(db, row.key, problem, f" ({row.kernel} on {row.device_label})")
         return found
 
     def entries(self, where: Filter = Filter(), limit: int | None = None) -> list[Entry]:
         """Metadata of the artifacts that match, most recently used first (at most `limit`)."""
         self.flush()
-        return _merged(self._each("scan", lambda cache: self._entries(cache, index.rows(cache._con, where, limit)), []), limit)
+        return _merged(self._each("scan", lambda db: self._entries(db, index.rows(db.con, where, limit)), []), limit)
 
     def count(self, where: Filter = Filter()) -> int:
         """How many artifacts match (from the totals when there is no filter)."""
-        return sum(self._each("scan", lambda cache: index.count(cache._con, where), 0))
+        return sum(self._each("scan", lambda db: index.count(db.con, where), 0))
 
     def find(self, prefix: str) -> list[Entry]:
         """Entries whose key starts with `prefix` (at most two: enough to say it is ambiguous)."""
@@ -530,27 +548,27 @@ class Store:
         if not prefix or any(c not in "0123456789abcdef" for c in prefix):
             return []
         self.flush()
-        return _merged(self._each("scan", lambda cache: self._entries(cache, index.with_prefix(cache._con, prefix)), []), 2)
+        return _merged(self._each("scan", lambda db: self._entries(db, index.with_prefix(db.con, prefix)), []), 2)
 
     def directory_of(self, key: str) -> Path | None:
         """The first directory (in lookup order) that holds the entry `key`."""
-        for layer, row in zip(self._layers, self._each("scan", lambda cache: index.lookup(cache._con, key))):
+        for layer, row in zip(self._layers, self._each("scan", lambda db: index.lookup(db.con, key), None)):
             if row is not None:
                 return layer.directory
         return None
 
     def read_raw(self, key: str) -> bytes | None:
         """An artifact's bytes without checking or counting (for verify and export)."""
-        return next((data for data in self._each("read", lambda cache: cache.get(f"a/{key}")) if data is not None), None)
+        return next((data for data in self._each("read", lambda db: db.get(f"a/{key}"), None) if isinstance(data, bytes)), None)
 
     def enforce_budget(self, max_size: int | None = None) -> list[Entry]:
         """Evict least recently used artifacts until they fit `max_size` (default: the configured budget)."""
         budget = self.config.max_size if max_size is None else max_size
 
-        def evict(cache):
-            with cache.transact():
-                self._write_counts(cache)
-                return self._evict(cache, budget, budget)
+        def evict(db: Database) -> list[Entry]:
+            with db.transact():
+                self._write_counts(db)
+                return self._evict(db, budget, budget)
 
         return self._write("evict", evict, [])
 
@@ -560,11 +578,11 @@ class Store:
         if older_than is not None:
             cutoff = time.time() - older_than
 
-            def old(cache):
-                with cache.transact():
-                    self._write_counts(cache)
-                    rows = index.used_before(cache._con, cutoff)
-                    return [_row_entry(row) for row in rows if self._remove(cache, row.key)]
+            def old(db: Database) -> list[Entry]:
+                with db.transact():
+                    self._write_counts(db)
+                    rows = index.used_before(db.con, cutoff)
+                    return [_row_entry(row) for row in rows if self._remove(db, row.key)]
 
             evicted += self._write("prune", old, [])
         if max_size is not None:
@@ -582,80 +600,70 @@ class Store:
         writer = self._writer(warn=False)
         for layer in self._layers:
             if layer is writer:
-                self._guard(layer, "verify", lambda cache: self._verify_structure(cache, findings))
-                self._guard(layer, "verify", lambda cache: self._verify_contents(cache, findings))
+                self._guard(layer, "verify", lambda db: self._verify_structure(db, findings), None)
+                self._guard(layer, "verify", lambda db: self._verify_contents(db, findings), None)
                 if layer.broken is None:
                     findings += [Finding("lock", name, "stale lock (no process holds it)") for name in repair.stale_locks(layer.directory)]
             elif self._open(layer) is not None:
-                self._guard(layer, "verify", lambda cache: self._verify_contents(cache, findings, fix=False))
+                self._guard(layer, "verify", lambda db: self._verify_contents(db, findings, fix=False), None)
             if layer.broken is not None:
                 findings.append(Finding("directory", str(layer.directory), f"not usable ({layer.broken}); not checked", fixed=False))
         return findings
 
-    def _verify_structure(self, cache, findings: list[Finding]) -> None:
-        """Rows, index and files agree (under the write lock, so no write is half done)."""
-        con = cache._con
-        directory = Path(cache.directory)
-        with cache.transact():
-            names = [k for (k,) in con.execute("SELECT key FROM Cache WHERE raw = 1") if isinstance(k, str)]
-            meta = {k[2:] for k in names if k.startswith("m/")}
-            artifacts = {k[2:] for k in names if k.startswith("a/")}
+    def _verify_structure(self, db: Database, findings: list[Finding]) -> None:
+        """Records, index and files agree (under the write lock, so no write is half done)."""
+        con = db.con
+        with db.transact():
+            meta = {name[2:] for name in db.names("m/")}
+            artifacts = {name[2:] for name in db.names("a/")}
             indexed = index.keys(con)
-            files = repair.referenced_files(con)
-            for filename, name in files.items():
-                if not (directory / filename).is_file():
-                    cache.delete(name)
-                    kind, _, key = name.partition("/")
-                    {"m": meta, "a": artifacts}.get(kind, set()).discard(key)
-                    findings.append(Finding("file", filename, f"file of {name[:18]} is missing"))
             for key in sorted(indexed - (meta & artifacts)):
-                self._remove(cache, key)
+                self._remove(db, key)
                 findings.append(Finding("entry", key, "index row without its metadata or artifact"))
             for key in sorted(artifacts - meta):
-                cache.delete(f"a/{key}")
+                db.delete(f"a/{key}")
                 findings.append(Finding("entry", key, "artifact without metadata"))
             for key in sorted((meta & artifacts) - indexed):
                 try:
-                    entry = Entry.from_json(_text(cache, f"m/{key}"))
+                    entry = Entry.from_json(_text(db, f"m/{key}"))
                     index.add(con, _index_row(entry))
                     findings.append(Finding("entry", key, "entry missing from the index; re-indexed", entry))
                 except CorruptRecordError as exc:
-                    self._remove(cache, key)
+                    self._remove(db, key)
                     findings.append(Finding("entry", key, f"metadata record {exc}"))
             for key in sorted(meta - artifacts):
-                cache.delete(f"m/{key}")
+                db.delete(f"m/{key}")
                 findings.append(Finding("entry", key, "metadata without artifact"))
-            referenced = set(repair.referenced_files(con))
-            for name in repair.stray_files(directory, referenced):
-                repair.remove_path(directory / name)
-                findings.append(Finding("file", name, "file no database row names"))
+            for name in repair.stray_files(db.directory):
+                repair.remove_path(db.directory / name)
+                findings.append(Finding("file", name, "not part of the cache"))
             if index.rebuild_totals(con):
                 findings.append(Finding("totals", "portkern_totals", "per-device totals did not match the entries; recounted"))
 
-    def _verify_contents(self, cache, findings: list[Finding], fix: bool = True) -> None:
+    def _verify_contents(self, db: Database, findings: list[Finding], fix: bool = True) -> None:
         """Every entry re-hashed and every record decoded (entry by entry, without holding the write
         lock; what looks bad is checked again under it before it is removed, so an entry being
         written or replaced meanwhile stays). Without `fix` (a read-only directory), only reported."""
-        con = cache._con
-        unfixed = "" if fix else f"; not removed: {cache.directory} is read-only"
+        con = db.con
+        unfixed = "" if fix else f"; not removed: {db.directory} is read-only"
         for row in index.rows(con):
-            found = self._load(cache, row.key)
+            found = self._load(db, row.key)
             if isinstance(found, str) and fix:
-                with cache.transact():
+                with db.transact():
                     if index.lookup(con, row.key) is None:
                         continue  # removed or evicted meanwhile
-                    found = self._load(cache, row.key)
+                    found = self._load(db, row.key)
                     if isinstance(found, str):
-                        self._remove(cache, row.key)
+                        self._remove(db, row.key)
             if isinstance(found, str):
                 findings.append(Finding("entry", row.key, found + unfixed, _row_entry(row), fixed=fix))
         for kind in ("t", "p", "v", "w"):
-            for name in self._record_names(cache, kind):
+            for name in db.names(f"{kind}/"):
                 try:
-                    _decode_record(_text(cache, name))
+                    _decode_record(_text(db, name))
                 except CorruptRecordError as exc:
                     if fix:
-                        cache.delete(name)
+                        db.delete(name)
                     findings.append(Finding("record", name, f"record {exc}{unfixed}", fixed=fix))
 
     def clear(self, device: str | None = None) -> int:
@@ -672,29 +680,24 @@ class Store:
             # A directory this process may write but cannot open (a damaged or full one) is
             # emptied all the same: clearing is how it is made usable again.
             layer = next((layer for layer in self._layers if not self.config.disabled and layer.directory.is_dir()
-                          and readonly.writable(layer.directory)), None)
+                          and writable(layer.directory)), None)
         if layer is None:
             problems = [f"{layer.directory} ({layer.problem or layer.state})" for layer in self._layers]
             raise CacheError(f"cannot clear the portkern cache: no directory can be written: {', '.join(problems)}; nothing removed")
 
-        def empty(cache):
-            con = cache._con
-            if getattr(cache, "read_only", False):
-                return index.count(con)
-            with cache.transact():
-                removed = index.count(con)
-                for table in ("Cache", "portkern_entries", "portkern_totals", "portkern_counters"):
-                    con.execute(f"DELETE FROM {table}")
-            return removed
-
         emptied: list[bool] = []
 
-        def empty_and_note(cache):
-            count = empty(cache)
-            emptied.append(not getattr(cache, "read_only", False))
-            return count
+        def empty(db: Database) -> int:
+            if db.read_only:
+                return index.count(db.con)
+            with db.transact():
+                removed = index.count(db.con)
+                db.clear()
+                index.clear(db.con)
+            emptied.append(True)
+            return removed
 
-        removed = self._guard(layer, "clear", empty_and_note, 0)
+        removed = self._guard(layer, "clear", empty, 0)
         self._close_connection(layer)
         # An emptied database stays where it is: a process using it meanwhile goes on in the same,
         # now empty, file (one it had open and that was removed would take its writes unseen);
@@ -706,10 +709,10 @@ class Store:
         return removed
 
     def _clear_device(self, device: str) -> int:
-        def remove(cache):
-            with cache.transact():
-                rows = index.rows(cache._con, Filter(device=device))
-                return sum(1 for row in rows if self._remove(cache, row.key))
+        def remove(db: Database) -> int:
+            with db.transact():
+                rows = index.rows(db.con, Filter(device=device))
+                return sum(1 for row in rows if self._remove(db, row.key))
 
         count = self._write("clear", remove, 0)
         for key, record in list(self.records("t")):
@@ -722,16 +725,18 @@ class Store:
         over the directories; `directories` gives each one's state and totals."""
         self.flush()
 
-        def read(cache):
-            con = cache._con
-            return index.totals(con), index.counters(con), self._record_count(cache, "t")
+        def read(db: Database) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
+            con = db.con
+            return index.totals(con), index.counters(con), db.count("t/")
 
         per_device: dict[str, dict[str, int]] = {}
         counters = dict.fromkeys(index.COUNTERS, 0)
         tuning = 0
-        places = self.places()
-        for place, (devices, counted, records) in zip(places, self._each("read", read, ({}, dict.fromkeys(index.COUNTERS, 0), 0))):
-            place.update(entries=sum(d["entries"] for d in devices.values()), bytes=sum(d["bytes"] for d in devices.values()))
+        places: list[dict[str, Any]] = []
+        unread: tuple[dict[str, dict[str, int]], dict[str, int], int] = ({}, dict.fromkeys(index.COUNTERS, 0), 0)
+        for place, (devices, counted, records) in zip(self.places(), self._each("read", read, unread)):
+            places.append({**place, "entries": sum(d["entries"] for d in devices.values()),
+                           "bytes": sum(d["bytes"] for d in devices.values())})
             for label, totals in devices.items():
                 into = per_device.setdefault(label, dict.fromkeys(totals, 0))
                 for name, value in totals.items():
@@ -753,16 +758,16 @@ class Store:
 
     # --- hit counts ---------------------------------------------------------
 
-    def _write_counts(self, cache) -> None:
+    def _write_counts(self, db: Database) -> None:
         """Write this process's pending hit and miss counts (inside the caller's transaction)."""
         pending = self._hits.take()
         if pending:
-            self._record(cache, pending)
+            self._record(db, pending)
 
     @staticmethod
-    def _record(cache, pending: Pending) -> None:
-        index.record_hits(cache._con, pending.hits)
-        index.add_counts(cache._con, hits=pending.hit_count, misses=pending.miss_count)
+    def _record(db: Database, pending: Pending) -> None:
+        index.record_hits(db.con, pending.hits)
+        index.add_counts(db.con, hits=pending.hit_count, misses=pending.miss_count)
 
     def flush(self) -> None:
         """Write pending hit and miss counts now (one transaction; nothing when there are none).
@@ -771,13 +776,13 @@ class Store:
         if not self._hits.pending():
             return
         layer = self._writer(warn=False)
-        cache = self._open(layer) if layer is not None else None
+        db = self._open(layer) if layer is not None else None
         pending = self._hits.take()
-        if cache is None:
+        if db is None:
             return
         try:
-            with cache.transact():
-                self._record(cache, pending)
+            with db.transact():
+                self._record(db, pending)
         except Exception:  # noqa: BLE001 - see above
             pass
 
@@ -785,7 +790,8 @@ class Store:
         """Lookups that hit and missed, over all processes (this one's pending counts included)."""
         self.flush()
         totals = dict.fromkeys(index.COUNTERS, 0)
-        for counted in self._each("read", lambda cache: index.counters(cache._con), {}):
+        unread: dict[str, int] = {}
+        for counted in self._each("read", lambda db: index.counters(db.con), unread):
             for name, value in counted.items():
                 totals[name] = totals.get(name, 0) + value
         return totals
@@ -793,66 +799,56 @@ class Store:
     def count_remote(self, hit: bool) -> None:
         """Count one lookup of native code in the remote tier that found it (or did not)."""
 
-        def write(cache):
-            with cache.transact():
-                index.add_counts(cache._con, **{"remote_hits" if hit else "remote_misses": 1})
+        def write(db: Database) -> None:
+            with db.transact():
+                index.add_counts(db.con, **{"remote_hits" if hit else "remote_misses": 1})
 
-        self._write("write", write)
+        self._write("write", write, None)
 
     # --- small JSON records: tuning results, device probes, bundle checks ----
 
-    @staticmethod
-    def _record_names(cache, kind: str) -> list[str]:
-        rows = cache._con.execute("SELECT key FROM Cache WHERE raw = 1 AND key >= ? AND key < ?", (f"{kind}/", f"{kind}0"))
-        return [k for (k,) in rows if isinstance(k, str)]
-
-    @staticmethod
-    def _record_count(cache, kind: str) -> int:
-        return cache._con.execute("SELECT count(*) FROM Cache WHERE raw = 1 AND key >= ? AND key < ?",
-                                  (f"{kind}/", f"{kind}0")).fetchone()[0]
-
-    def get_record(self, kind: str, key: str) -> dict | None:
+    def get_record(self, kind: str, key: str) -> dict[str, Any] | None:
         """A stored record, or None; a record that does not decode is evicted with a warning."""
 
-        def read(cache):
+        def read(db: Database) -> dict[str, Any] | None:
             name = f"{kind}/{key}"
             try:
-                text = _text(cache, name)
+                text = _text(db, name)
                 return None if text is None else _decode_record(text)
             except CorruptRecordError as exc:
-                if getattr(cache, "read_only", False):
-                    warnings.warn(f"portkern cache record {name[:18]} in read-only {cache.directory} is corrupt ({exc}); not used",
-                                  CacheWarning, stacklevel=4)
+                if db.read_only:
+                    log.warning("portkern cache record %s in read-only %s is corrupt (%s); not used", name[:18], db.directory, exc)
                     return None
-                warnings.warn(f"portkern cache record {name[:18]} is corrupt ({exc}); evicted", CacheWarning, stacklevel=4)
-                cache.delete(name)
+                log.warning("portkern cache record %s is corrupt (%s); evicted", name[:18], exc)
+                db.delete(name)
                 return None
 
-        return next((record for record in self._each("read", read) if record is not None), None)
+        return next((record for record in self._each("read", read, None) if record is not None), None)
 
-    def put_record(self, kind: str, key: str, record: dict) -> bool:
+    def put_record(self, kind: str, key: str, record: dict[str, Any]) -> bool:
         text = json.dumps(record, sort_keys=True)
 
-        def write(cache):
-            with cache.transact():
-                self._write_counts(cache)
-                cache.set(f"{kind}/{key}", text)
+        def write(db: Database) -> bool:
+            with db.transact():
+                self._write_counts(db)
+                db.set(f"{kind}/{key}", text)
             return True
 
         return bool(self._write("write", write, False))
 
-    def records(self, kind: str) -> Iterator[tuple[str, dict]]:
+    def records(self, kind: str) -> Iterator[tuple[str, dict[str, Any]]]:
         prefix = f"{kind}/"
-        names = dict.fromkeys(name for found in self._each("scan", lambda cache: self._record_names(cache, kind), []) for name in found)
+        unread: list[str] = []
+        names = dict.fromkeys(name for found in self._each("scan", lambda db: db.names(prefix), unread) for name in found)
         for name in names:
             record = self.get_record(kind, name[len(prefix) :])
             if record is not None:
                 yield name[len(prefix) :], record
 
     def delete_record(self, kind: str, key: str) -> bool:
-        return bool(self._write("delete", lambda cache: cache.delete(f"{kind}/{key}"), False))
+        return bool(self._write("delete", lambda db: db.delete(f"{kind}/{key}"), False))
 
-    def get_tuning(self, problem: str, device: DeviceFingerprint, compiler: str) -> dict | None:
+    def get_tuning(self, problem: str, device: DeviceFingerprint, compiler: str) -> dict[str, Any] | None:
         """The stored tuning result for a problem on a device, if any (here, else from the remote tier)."""
         key = tuning_key(problem, device, compiler)
         record = self.get_record("t", key)
@@ -865,7 +861,7 @@ class Store:
                 record = shared
         return record
 
-    def put_tuning(self, problem: str, device: DeviceFingerprint, compiler: str, result: dict) -> bool:
+    def put_tuning(self, problem: str, device: DeviceFingerprint, compiler: str, result: dict[str, Any]) -> bool:
         """Store a tuning result together with the parts of its key (so imports can check it),
         and share it through the remote tier."""
         record = {**result, "problem": problem, "device": device.to_dict(), "compiler": compiler}
@@ -876,7 +872,7 @@ class Store:
 
     # --- locks --------------------------------------------------------------
 
-    def lock(self, key: str, timeout: float = 900.0):
+    def lock(self, key: str, timeout: float = 900.0) -> ContextManager[None]:
         """A cross-process lock for building `key`, so concurrent processes build it once (in the
         directory new entries go to; none when no directory is writable)."""
         layer = self._writer()
@@ -894,10 +890,10 @@ class Store:
 
     # --- migration ----------------------------------------------------------
 
-    def _unindexed(self, cache) -> Iterator[index.Row]:
+    def _unindexed(self, db: Database) -> Iterator[index.Row]:
         """Index rows for the entries of a cache written before the index existed."""
-        for name in self._record_names(cache, "m"):
-            found = self._load(cache, name[2:])
+        for name in db.names("m/"):
+            found = self._load(db, name[2:])
             if isinstance(found, tuple):
                 yield _index_row(found[1])
 
@@ -919,7 +915,7 @@ def matches_device(device: dict[str, Any], wanted: str) -> bool:
 
 
 @contextmanager
-def _tolerant(lock):
+def _tolerant(lock: Any) -> Iterator[None]:
     """Hold `lock` if it can be taken; run unlocked (duplicate work, never failure) if not.
     The lock file is removed before release, so lock files do not pile up."""
     try:

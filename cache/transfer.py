@@ -17,18 +17,17 @@ are suggestions (their code is built here) and import either way.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
 from portkern import schemas
-
-from portkern.base import signing
-from portkern.base import framing
+from portkern.base import framing, signing
+from portkern.base.errors import CacheError
+from portkern.base.records import to_plain, wire
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, tuning_key
 from portkern.cache.store import Entry, Store, matches_device
-from portkern.base.errors import CacheError
 
 MAGIC = b"\x89PKX\r\n\x1a\n"
 FORMAT = framing.Format.with_error("cache export", MAGIC, 1, 0, CacheError)
@@ -46,27 +45,16 @@ class TransferReport:
     skipped: int = 0
     rejected: list[str] = field(default_factory=list)
     #: The file's signature: written (export), or checked against the trusted keys (import).
-    signature: signing.Verdict | None = None
+    signature: signing.Verdict | None = field(default=None, metadata=wire(encode=lambda v: v.to_dict() if v else None))
     #: Native code was imported without a trusted signature because the caller allowed it.
     unsigned_allowed: bool = False
     #: The signature file an export wrote (`false` in `to_dict` when the export is not signed).
-    signed: str | None = None
+    signed: str | None = field(default=None, metadata=wire(encode=lambda path: path or False))
     #: How an unsigned export will be received where it is imported (None: signed, or no native code).
     note: str | None = None
 
-    def to_dict(self) -> dict:
-        return {
-            "path": self.path,
-            "entries": self.entries,
-            "records": self.records,
-            "bytes": self.bytes,
-            "skipped": self.skipped,
-            "rejected": self.rejected,
-            "signature": self.signature.to_dict() if self.signature else None,
-            "unsigned_allowed": self.unsigned_allowed,
-            "signed": self.signed or False,
-            "note": self.note,
-        }
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
 
 def check_meta(meta: object) -> None:
@@ -92,7 +80,7 @@ def export(
         data = store.read_raw(entry.key)
         if data is None or hashlib.sha256(data).hexdigest() != entry.sha256:
             continue  # corrupt entries stay behind; `portkern cache verify` reports them
-        entries.append(asdict(entry))
+        entries.append(entry.to_dict())
         blobs[entry.sha256] = data
     records = []
     if wanted is None:
@@ -130,13 +118,14 @@ def import_(store: Store, path: str | Path, *, device: str | None = None, allow_
         check_meta(meta)
     except CacheError as exc:
         raise CacheError(f"{path}: {exc}") from None
-    report = TransferReport(str(path), signature=signing.verify_file(path, raw, signing.from_env().trusted))
+    signature = signing.verify_file(path, raw, signing.from_env().trusted)
+    report = TransferReport(str(path), signature=signature)
     refusal = None
-    if not report.signature.trusted:
+    if not signature.trusted:
         if allow_unsigned:
             report.unsigned_allowed = bool(meta["entries"])
         else:
-            refusal = f"native code refused: the file is {report.signature.describe()} (--allow-unsigned takes it anyway)"
+            refusal = f"native code refused: the file is {signature.describe()} (--allow-unsigned takes it anyway)"
     wanted = [item for item in meta["entries"] if device is None or matches_device(item["device"], device)]
     accepted = [found for item in wanted if (found := _checked_entry(store, Entry(**item), blobs, report, refusal))]
     report.entries = store.put_many(accepted)

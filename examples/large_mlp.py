@@ -50,7 +50,6 @@ def reference(x: np.ndarray, widths: Sequence[int], seed: int) -> np.ndarray:
 
 def write_mlp(path: str | Path, widths: Sequence[int], batch: int, seed: int = 0, external: bool = False) -> Path:
     """Write the model to `path` (weights in `<path>.data` next to it when `external`)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     path = Path(path)

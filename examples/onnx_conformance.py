@@ -8,7 +8,7 @@ from __future__ import annotations
 import random
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class Case:
 
     name: str
     suite: str
-    model: object  # onnx.ModelProto
+    model: Any  # onnx.ModelProto
     inputs: tuple
     outputs: tuple
     rtol: float = 1e-3
@@ -129,7 +129,7 @@ def pytorch_converted_cases() -> list[Case]:
     from onnx import numpy_helper
 
     found = []
-    for path in (model.path for model in onnx_models.pytorch_converted_models()):
+    for path in onnx_models.pytorch_converted_paths():
         data = sorted(path.parent.glob("test_data_set_*"))
         if not data:
             continue

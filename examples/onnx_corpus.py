@@ -152,6 +152,7 @@ def run_route(model: Model, route: str, work: Path, by_names: bool = False) -> d
     from portkern.base.errors import PortkernError, brief
 
     inputs, outputs = reference(model)
+    got: np.ndarray | tuple[np.ndarray, ...]
     if route == "backend":
         try:
             rep = backend.prepare(onnx.load(str(model.path)), "CPU")

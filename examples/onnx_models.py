@@ -61,10 +61,14 @@ def light_models() -> list[Model]:
     return [Model(kernel_name(p.stem), "light", p) for p in sorted((_data_dir() / "light").glob("*.onnx"))]
 
 
+def pytorch_converted_paths() -> list[Path]:
+    """The `model.onnx` files of the `pytorch-converted` models shipped in the onnx package."""
+    return sorted((_data_dir() / "pytorch-converted").glob("*/model.onnx"))
+
+
 def pytorch_converted_models() -> list[Model]:
     """The `pytorch-converted` models shipped in the onnx package."""
-    found = sorted((_data_dir() / "pytorch-converted").glob("*/model.onnx"))
-    return [Model(kernel_name(p.parent.name.removeprefix("test_")), "pytorch-converted", p) for p in found]
+    return [Model(kernel_name(p.parent.name.removeprefix("test_")), "pytorch-converted", p) for p in pytorch_converted_paths()]
 
 
 def node_models(names: tuple[str, ...] = NODE_CASES) -> list[Model]:
@@ -79,7 +83,13 @@ def node_models(names: tuple[str, ...] = NODE_CASES) -> list[Model]:
     missing = [name for name in names if name not in cases]
     if missing:
         raise LookupError(f"onnx has no node cases named {', '.join(missing)}")
-    return [Model(kernel_name(name.removeprefix("test_")), "node", data=cases[name].model.SerializeToString()) for name in names]
+    models = []
+    for name in names:
+        proto = cases[name].model
+        if proto is None:  # every node case carries its generated model
+            raise LookupError(f"onnx's node case {name} has no generated model")
+        models.append(Model(kernel_name(name.removeprefix("test_")), "node", data=proto.SerializeToString()))
+    return models
 
 
 def seeded_subset(models: list[Model], count: int, seed: int) -> list[Model]:

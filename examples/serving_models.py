@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -27,7 +27,7 @@ class ServingModel:
     atol: float
 
 
-def _weights(seed: int, shapes: dict[str, tuple[int, ...]], fan_in: dict[str, int]) -> dict[str, np.ndarray]:
+def _weights(seed: int, shapes: dict[str, tuple[int, ...]], fan_in: dict[str, float]) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     return {k: (rng.uniform(-1.0, 1.0, s) / np.sqrt(fan_in[k])).astype(np.float32) for k, s in shapes.items()}
 
@@ -87,8 +87,8 @@ def mnist_cnn() -> ServingModel:
 
     w = _weights(2, {"C1": (8, 1, 3, 3), "c1": (8,), "C2": (16, 8, 3, 3), "c2": (16,), "W": (784, 10), "b": (10,)},
                  {"C1": 9 / 3, "c1": 9, "C2": 72 / 3, "c2": 72, "W": 784 / 4, "b": 784})
-    conv = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
-    pool = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    conv: dict[str, Any] = {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]}
+    pool: dict[str, Any] = {"kernel_shape": [2, 2], "strides": [2, 2]}
     nodes = [
         helper.make_node("Conv", ["x", "C1", "c1"], ["h1"], **conv), helper.make_node("Relu", ["h1"], ["a1"]),
         helper.make_node("MaxPool", ["a1"], ["p1"], **pool),

@@ -114,7 +114,7 @@ def hwcaps_in(cpuinfo: str) -> tuple[str, ...] | None:
     for line in cpuinfo.splitlines():
         name, sep, value = line.partition(":")
         if sep and name.strip() == "Features":
-            return tuple(value.split())
+            return tuple(value.split(None))
     return None
 
 

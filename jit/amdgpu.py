@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 import sys
 
+from portkern.base.errors import DeviceError, brief
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.base.errors import DeviceError, brief
 from portkern.jit import gpu
 from portkern.jit.codeobject import AMDGPU_PROCESSORS
 from portkern.jit.target import Probe, Target
@@ -55,7 +55,7 @@ def device_arch(target_id: str) -> str:
 def flags(target_id: str) -> tuple[str, ...]:
     """IREE flags that select a (validated) AMD target id."""
     processor, _, features = target_id.partition(":")
-    selected = ("--iree-hal-target-device=hip", f"--iree-rocm-target={processor}")
+    selected: tuple[str, ...] = ("--iree-hal-target-device=hip", f"--iree-rocm-target={processor}")
     if features:
         llvm = ",".join(f"{p[-1]}{p[:-1]}" for p in features.split(":"))
         selected += (f"--iree-rocm-target-features={llvm}",)

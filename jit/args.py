@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence, cast
 
 import numpy as np
 
@@ -76,12 +76,12 @@ def static_inputs(signature: Signature) -> StaticInputs | None:
     if any(None in spec.shape for spec in signature.inputs):
         return None
     try:
-        return tuple((numpy_dtype(spec.dtype), tuple(spec.shape)) for spec in signature.inputs)
+        return tuple((numpy_dtype(spec.dtype), cast("tuple[int, ...]", spec.shape)) for spec in signature.inputs)
     except (TypeError, ImportError):  # a dtype this NumPy lacks: `check_arguments` says so
         return None
 
 
-def exact_arguments(expected: StaticInputs, args: Sequence[object]) -> list[np.ndarray] | None:
+def exact_arguments(expected: StaticInputs, args: Sequence[Any]) -> list[np.ndarray] | None:
     """The arguments, when each is a C-contiguous NumPy array of exactly the expected dtype and
     shape; None otherwise (`check_arguments` then converts them or says what is wrong)."""
     if len(args) != len(expected):
@@ -148,7 +148,7 @@ def bind_launch(
     global_size = tuple(value(g, "global size") for g in launch.global_size)
     if any(g < 0 for g in global_size):
         raise ArgumentShapeError(f"{kernel}(): negative global size {global_size} ({_values(symbols)})")
-    if local is not None and any(g % l for g, l in zip(global_size, local)):
+    if local is not None and any(g % size for g, size in zip(global_size, local)):
         raise ArgumentShapeError(
             f"{kernel}(): global size {global_size} is not a whole number of work-groups of {tuple(local)} ({_values(symbols)})"
         )

@@ -16,24 +16,27 @@ child's kernel keeps its baseline and `wait` says so.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import threading
 from typing import TYPE_CHECKING, Callable, Generic, TypeVar
 
-from portkern.cache.config import env_flag
+from portkern.base import settings
 from portkern.base.errors import FinalizeError, PortkernError
 
 if TYPE_CHECKING:  # the worker pool's module is loaded when something compiles
     from portkern.jit.workers import Pool
 
-ENV = "PORTKERN_BACKGROUND"
+log = logging.getLogger(__name__)
+
+ENV = settings.BACKGROUND
 
 T = TypeVar("T")
 
 
 def enabled() -> bool:
     """Whether baseline code is served while the exact code is built (`PORTKERN_BACKGROUND`, default on)."""
-    return env_flag(ENV, True)
+    return settings.background()
 
 
 class Specialisation(Generic[T]):
@@ -57,9 +60,11 @@ class Specialisation(Generic[T]):
                 install(result)
         except PortkernError as exc:
             self.error = exc
-        except Exception as exc:  # noqa: BLE001 - nothing escapes a background thread
+        except Exception as exc:  # noqa: BLE001 - a thread's boundary: nothing escapes a background thread
             self.error = FinalizeError(f"background finalisation of {self.name!r} failed: {type(exc).__name__}: {exc}")
         finally:
+            if self.error is not None and not _exiting.is_set():
+                log.warning("background finalisation of %r failed; its baseline code keeps serving (%s)", self.name, self.error)
             self._finished.set()
             with _lock:
                 _pending.discard(self)

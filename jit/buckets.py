@@ -11,20 +11,19 @@ run the dynamic default.
 
 from __future__ import annotations
 
-import warnings
+import logging
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from portkern.base.errors import PortkernError
-
+from portkern.base.records import from_plain, to_plain
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, TensorSpec
 from portkern.portable.contract import ShapeContract
 
 if TYPE_CHECKING:
     from portkern.jit.workers import Pool
 
-#: What the tuning DB holds per kernel and target: {"buckets": {label: BucketRecord.to_dict()}}.
-INDEX_SUFFIX = " buckets"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -49,12 +48,12 @@ class BucketRecord:
     note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {k: (dict(v) if k == "values" else v) for k, v in self.__dict__.items()}
+        return to_plain(self)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "BucketRecord":
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**fields)
+        """A record from plain data, unchecked; TypeError when it is not a mapping or lacks a field."""
+        return from_plain(cls, data)
 
 
 @dataclass(frozen=True)
@@ -69,13 +68,9 @@ class BucketCode:
     bucket: tuple[Any, Any] | None
 
 
-def index_problem(selection_problem: str) -> str:
-    """The tuning-DB problem under which a kernel's bucket records are stored."""
-    return selection_problem + INDEX_SUFFIX
-
-
 def read_index(stored: Mapping[str, Any] | None) -> dict[str, BucketRecord]:
-    """Bucket records from a stored index (malformed ones are left out)."""
+    """Bucket records from a stored index (`cache.tuning.TuningDB.buckets`: {"buckets": {label:
+    `BucketRecord.to_dict()`}}; malformed ones are left out)."""
     found = {}
     for label, data in ((stored or {}).get("buckets") or {}).items():
         try:
@@ -116,16 +111,12 @@ def specialised_record(record: KernelRecord, values: Mapping[str, int], blob: st
 
 def specialised_bundle(bundle: Bundle, record: KernelRecord, values: Mapping[str, int], pool: Pool) -> tuple[Bundle, KernelRecord]:
     """The bundle with a kernel specialised to `values` (by a worker of `pool`) added, and that kernel's record."""
-    from portkern.jit.workers import Job
+    from portkern.jit.native import specialised_stage
     from portkern.portable.bundle import sha256
 
     contract = record.signature.contract
     assert contract is not None
-    job = Job.specialise(0, record.name, record.to_dict(), bundle.blob(record.stage().blob), dict(values))
-    result = pool.run([job], workers=1)[0]
-    if not result.ok:
-        raise result.error_for(record.name)
-    data = result.data["stage"]
+    data = specialised_stage(pool, record, bundle.blob(record.stage().blob), dict(values))
     special = specialised_record(record, values, sha256(data), len(data))
     blobs = dict(bundle.blobs)
     blobs[special.stage().blob] = data
@@ -162,7 +153,7 @@ def load_table(loaded, record: KernelRecord, target, stored: Mapping[str, Any] |
                 native = loaded.native(record, target, decided.bucket_config)
                 bucket = (native, loaded._executable(record, target, native))
         except PortkernError as exc:
-            warnings.warn(f"{record.name!r}: the tuned code of bucket {label} is not usable ({exc}); that bucket runs the dynamic default")
+            log.warning("%r: the tuned code of bucket %s is not usable (%s); that bucket runs the dynamic default", record.name, label, exc)
             continue
         if exact is not None or bucket is not None:
             table[label] = BucketCode(decided, exact, bucket)

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import msgpack
 
-from portkern.cache.device import DeviceFingerprint
 from portkern.base.errors import CodeObjectError
+from portkern.cache.device import DeviceFingerprint
 from portkern.jit import elf
 
 EM_AMDGPU = 224

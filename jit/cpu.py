@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Iterable
 
+from portkern.base.errors import DeviceError, brief
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.base.errors import DeviceError, brief
 from portkern.jit import aarch64
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 
@@ -100,11 +100,11 @@ def from_cpuinfo(text: str, triple: str) -> DeviceFingerprint | None:
         if sep:
             fields.setdefault(name.strip(), value.strip())
     if aarch64.is_aarch64(triple):
-        caps = set(fields.get("Features", "").split())
+        caps = set(fields.get("Features", "").split(None))
         have = {feature for feature, names in aarch64.FROM_HWCAPS.items() if caps.issuperset(names)}
         model = " ".join(fields.get(f, "?") for f in ("CPU implementer", "CPU architecture", "CPU variant", "CPU part"))
     elif _isa(triple) == "x86_64":
-        flags_ = set(fields.get("flags", "").split())
+        flags_ = set(fields.get("flags", "").split(None))
         have = {feature for feature, names in X86_FROM_CPUINFO.items() if flags_.issuperset(names)}
         model = " ".join(fields.get(f, "?") for f in ("vendor_id", "cpu family", "model"))
     else:

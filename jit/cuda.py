@@ -18,9 +18,9 @@ import ctypes
 import re
 import sys
 
+from portkern.base.errors import DeviceError, brief
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.base.errors import DeviceError, brief
 from portkern.jit import gpu
 from portkern.jit.target import Probe, Target
 

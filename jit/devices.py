@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from portkern.cache.store import Store
 from portkern.base.errors import DeviceError
+from portkern.cache.store import Store
 from portkern.jit.target import Probe, Target
 
 _BACKENDS = {

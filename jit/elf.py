@@ -101,7 +101,7 @@ def parse(data: bytes | memoryview, offset: int = 0) -> Image:
 
 
 def _notes(section: memoryview) -> list[Note]:
-    notes = []
+    notes: list[Note] = []
     pos = 0
     while pos + _NOTE.size <= len(section):
         if len(notes) >= MAX_NOTES:

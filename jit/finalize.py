@@ -1,8 +1,8 @@
 """Finalisation in this process: a portable MLIR stage to native code for one target.
 
-The native-code service never calls this in the process that loads a bundle:
-its workers (`portkern.jit.worker`) do. The build host calls `finalize` for
-prebuilt code of its own sources. A stage is parsed once, fitted to the target
+The native-code service never calls this in the process that loads a bundle,
+nor on the build host for prebuilt code: its workers (`portkern.jit.worker`)
+do. A stage is parsed once, fitted to the target
 (a GPU target's attribute replaces a family stage's placeholder), and cloned
 for every compilation. GPU code is checked to be for the target's arch before
 it leaves `finish`.
@@ -17,10 +17,10 @@ from portkern.base.errors import CompileError, FinalizeError
 from portkern.jit import codeobject
 from portkern.jit.gpu import fit
 from portkern.jit.target import Target
+from portkern.portable import source
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.compiler import Compiler
 from portkern.portable.lower import PORTABLE_PHASE
-from portkern.portable import source
 from portkern.portable.producer import check_bytecode, check_release
 
 #: The phase at which IREE has chosen a lowering config per dispatch (tuning stamps here).

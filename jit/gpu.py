@@ -19,9 +19,9 @@ import functools
 from types import ModuleType
 from typing import Callable
 
+from portkern.base.errors import CompileError, DeviceError, FinalizeError, brief
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.base.errors import CompileError, DeviceError, FinalizeError, brief
 from portkern.jit.target import Probe, Target, memoised, resolve_executable_target
 from portkern.portable.bundle import SOURCE_PHASE, Stage
 from portkern.portable.family import FAMILY_PHASE, attach, family, replace

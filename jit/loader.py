@@ -1,27 +1,44 @@
-"""`portkern.load(path).kernel(name, device=...)`: cached native code, callable on NumPy arrays."""
+"""`portkern.load(path).kernel(name, device=...)`: cached native code, callable on NumPy arrays.
+
+The loader opens and checks a bundle, plans each kernel it is asked for, gets its native
+code from the native-code service (`jit.native.NativeCode`, which a `LoadedBundle` holds)
+and serves it. The config comes from the tuning DB (`cache.tuning`: a kernel's stored
+selection), or, for `tune=` with a strategy that searches, from the `Tuning` the bundle was
+opened with (`portkern.load` gives the tuner's); `jit` itself never tunes.
+"""
 
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence, overload
 
 import numpy as np
 
 from portkern import schemas
-
 from portkern.base import settings
+from portkern.base.errors import (
+    CompileForbiddenError,
+    DeviceError,
+    FinalizeError,
+    KernelRuntimeError,
+    PerfConfigError,
+    PortkernError,
+    TuningError,
+    brief,
+)
 from portkern.cache.keys import validated_key
-from portkern.cache.store import UNUSABLE, CacheWarning, Store, default_store
-from portkern.base.errors import CompileForbiddenError, DeviceError, FinalizeError, KernelRuntimeError, PerfConfigError, PortkernError, TuningError, brief
+from portkern.cache.store import Store, default_store
+from portkern.cache.tuning import TuningDB
 from portkern.jit import background, buckets, devices
 from portkern.jit.args import check_arguments, exact_arguments, static_inputs
-from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Progress, check_toolchain, compiler_id, selection_problem
+from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Plan, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
 from portkern.jit.tensors import result_wrapper
-from portkern.jit.toolchain import toolchain_for
+from portkern.jit.toolchain import Loaded, toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_head
 from portkern.portable.contract import arrange
 from portkern.portable.dtypes import as_declared
@@ -30,21 +47,43 @@ from portkern.portable.source import CompatibilityWarning, describe, foreign_rel
 from portkern.portable.verify import check_kernels
 
 if TYPE_CHECKING:
-    from portkern.tuner.results import TuneResult
+    from portkern.jit.workers import Pool
 
-def _tuner():
-    """The tuner's session module, loaded when a kernel is tuned (a warm call path never needs it)."""
-    from portkern.tuner import session
-
-    return session
-
+log = logging.getLogger(__name__)
 
 #: `tune=` values that never search.
 NO_SEARCH = (None, "none", "default")
 
 
-def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
-    """Open and check a bundle; nothing is compiled until a kernel is asked for."""
+class Tuned(Protocol):
+    """A tuning result, as far as the loader reads it (the tuner's `TuneResult`)."""
+
+    #: The kernel config string chosen ("default": the compiler's own).
+    config: str
+    #: "search" when it was searched for in this call.
+    source: str
+
+
+class Tuning(Protocol):
+    """What answers `tune=` with a strategy that searches (`portkern.load` gives the tuner's)."""
+
+    def tune(self, natives: NativeCode, record: KernelRecord, target: Target, strategy: str) -> Tuned:
+        """The kernel's config on the target: stored, or searched for now and stored."""
+        ...
+
+    def tune_shapes(self, natives: NativeCode, record: KernelRecord, target: Target, strategy: str, shapes: Sequence) -> list:
+        """Tune a kernel with dynamic dimensions for each of `shapes` (its bucket decisions
+        stored); what was found per shape."""
+        ...
+
+
+def load(
+    path: str | Path, *, store: Store | None = None, pool: "Pool | None" = None, tuning: Tuning | None = None
+) -> "LoadedBundle":
+    """Open and check a bundle; nothing is compiled until a kernel is asked for. `store`: the
+    cache (default: the one the environment names); `pool`: the worker pool that compiles its
+    kernels (default: the process's shared pool); `tuning`: what answers `tune=` strategies
+    that search (None: they are refused)."""
     store = store if store is not None else default_store()
     schema = schemas.digest("bundle")
     seen: list[bool] = []
@@ -65,7 +104,7 @@ def load(path: str | Path, *, store: Store | None = None) -> "LoadedBundle":
         )
     if not any(seen):
         store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
-    return LoadedBundle(bundle, Path(path), store)
+    return LoadedBundle(bundle, Path(path), store, pool, tuning)
 
 
 def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
@@ -79,15 +118,62 @@ def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
     signing.from_env().check_bundle(path, data if bundle.parameters is None else None)
 
 
-class LoadedBundle(NativeCode):
-    """A bundle opened on this machine: its kernels' native code (`NativeCode`) and callable kernels."""
+class LoadedBundle:
+    """A bundle opened on this machine: its kernels' native code (`natives`) and callable kernels."""
 
-    def __init__(self, bundle: Bundle, path: Path, store: Store | None = None) -> None:
-        super().__init__(bundle, store if store is not None else default_store(), path=path)
+    def __init__(
+        self, bundle: Bundle, path: Path, store: Store | None = None, pool: "Pool | None" = None, tuning: Tuning | None = None
+    ) -> None:
+        #: The native-code service of the bundle's kernels.
+        self.natives = NativeCode(bundle, store if store is not None else default_store(), pool, path)
+        #: What answers `tune=` with a strategy that searches (None: such a request is refused).
+        self.tuning = tuning
         #: Loaded code by (kernel, driver, cache key): the native bytes and their executable (held
         #: weakly: only kernels keep code loaded), so asking again for a kernel whose code is
         #: unchanged while one is still held does not load it into IREE again.
-        self._loaded: dict[tuple[str, str, str], tuple[bytes, weakref.ref]] = {}
+        self._loaded: dict[tuple[str, str, str], tuple[bytes, weakref.ref[Loaded]]] = {}
+
+    @property
+    def bundle(self) -> Bundle:
+        return self.natives.bundle
+
+    @property
+    def store(self) -> Store:
+        return self.natives.store
+
+    @property
+    def path(self) -> Path | None:
+        """The file the bundle was read from."""
+        return self.natives.path
+
+    @property
+    def pool(self) -> "Pool":
+        """The worker pool that compiles for this bundle."""
+        return self.natives.pool
+
+    def plan(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Plan:
+        """The kernel's plan on a target (`NativeCode.plan`)."""
+        return self.natives.plan(record, target, config)
+
+    def key(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG):
+        """The cache key of the kernel's native code on a target (`NativeCode.key`)."""
+        return self.natives.key(record, target, config)
+
+    def native(self, record: KernelRecord, target: Target, config: str = DEFAULT_CONFIG) -> Native:
+        """The kernel's native code for a target and config (`NativeCode.native`)."""
+        return self.natives.native(record, target, config)
+
+    def available(self, plan: Plan) -> Native | None:
+        """Native code this machine already has for a plan, compiling nothing (`NativeCode.available`)."""
+        return self.natives.available(plan)
+
+    def parameters_for(self, record: KernelRecord):
+        """The kernel's parameters, mapped and checked (`NativeCode.parameters_for`)."""
+        return self.natives.parameters_for(record)
+
+    def tuning_db(self, record: KernelRecord) -> TuningDB:
+        """The tuning records for the compiler of `record`."""
+        return TuningDB(self.store, compiler_id(record))
 
     @property
     def name(self) -> str:
@@ -141,17 +227,20 @@ class LoadedBundle(NativeCode):
                 kernel._specialise(self.pool, lambda: self._final(record, target, tune))
                 return kernel
         plan, native, tuning = self._resolve(record, target, tune, baselines=later)
-        buckets = _tuner().tune_kernel_shapes(self, record, target, tune, shapes) if shapes is not None else None
+        buckets = None
+        if shapes is not None and tune is not None:  # (shapes without a searching `tune` are refused above)
+            buckets = self._tuner(tune).tune_shapes(self.natives, record, target, tune, shapes)
         try:
             executable = self._executable(record, target, native)
         except KernelRuntimeError as exc:
             if native.origin not in ("cache", "remote"):
                 raise
-            warnings.warn(f"cached native code for {name!r} on {target.label} does not load ({exc}); rebuilding it", CacheWarning, stacklevel=2)
-            self.evict(plan)
-            if native.origin == "remote":
-                self.store.remote.reject_native(native.key, f"does not load: {exc}")
-            native = self.obtain(plan)
+            log.warning("cached native code for %r on %s does not load (%s); rebuilding it", name, target.label, exc)
+            self.natives.evict(plan)
+            remote = self.store.remote
+            if native.origin == "remote" and remote is not None:  # (remote code came from the remote tier)
+                remote.reject_native(native.key, f"does not load: {exc}")
+            native = self.natives.obtain(plan)
             executable = self._executable(record, target, native)
         kernel = Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets, describe(plan.stage))
         if native.origin == "baseline":
@@ -164,13 +253,13 @@ class LoadedBundle(NativeCode):
         config, tuning = self.config_for(record, target, tune)
         try:
             plan = self.plan(record, target, config)  # a config with module options needs a source stage
-            native = self.obtain(plan, baselines)
+            native = self.natives.obtain(plan, baselines)
         except (FinalizeError, PerfConfigError) as exc:
             if config == DEFAULT_CONFIG or isinstance(exc, CompileForbiddenError):  # a policy, not a config that fails
                 raise
             self._set_aside(record, target, config, exc)
             tuning, plan = None, self.plan(record, target)
-            native = self.obtain(plan, baselines)
+            native = self.natives.obtain(plan, baselines)
         if tuning is not None and tuning.source == "search":
             native = replace(native, origin="tuned")
         return plan, native, tuning
@@ -184,11 +273,9 @@ class LoadedBundle(NativeCode):
     def _baseline(self, record: KernelRecord, target: Target) -> Native | None:
         """Baseline code for the default config, on a device that has neither the exact code nor
         a tuning result for this kernel yet (found without compiling anything)."""
-        plan = self.plan(record, target)
-        tuned = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
-        if tuned is not None or self.cached(plan, count=False) is not None:
+        if self.tuning_db(record).selection(selection_problem(record, target), target.fingerprint) is not None:
             return None
-        found = self._named_cpu(plan)
+        found = self.natives.available(self.plan(record, target))
         return found if found is not None and found.origin == "baseline" else None
 
     def _bucket_table(self, record: KernelRecord, target: Target) -> dict:
@@ -196,8 +283,8 @@ class LoadedBundle(NativeCode):
         contract = record.signature.contract
         if contract is None or not contract.symbols or not toolchain_for(record).tunable(record):
             return {}
-        problem = buckets.index_problem(selection_problem(record, target))
-        return buckets.load_table(self, record, target, self.store.get_tuning(problem, target.fingerprint, compiler_id(record)))
+        stored = self.tuning_db(record).buckets(selection_problem(record, target), target.fingerprint)
+        return buckets.load_table(self, record, target, stored)
 
     def prepare(
         self,
@@ -222,13 +309,13 @@ class LoadedBundle(NativeCode):
                 plans.append(self.plan(record, target, self.config_for(record, target, tune)[0]))
             except PortkernError as exc:
                 outcomes[record.name] = exc
-        for plan, outcome in zip(plans, self.obtain_many(plans, workers, progress, baselines=False)):
+        for plan, outcome in zip(plans, self.natives.obtain_many(plans, workers, progress, baselines=False)):
             outcomes[plan.name] = outcome
         return {record.name: outcomes[record.name] for record in records}
 
-    def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, "TuneResult | None"]:
-        """The perf config to use (stored selection, default, or a fresh tuning result),
-        and the tuning result when `tune` asked for one."""
+    def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, Tuned | None]:
+        """The perf config to use (stored selection, default, or a fresh tuning result from
+        `tuning`), and the tuning result when `tune` asked for one."""
         if tune not in NO_SEARCH and not toolchain_for(record).tunable(record):
             raise TuningError(
                 f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned "
@@ -236,28 +323,28 @@ class LoadedBundle(NativeCode):
             )
         if tune in NO_SEARCH:
             if tune is None:
-                chosen = self.store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))
-                if chosen and isinstance(chosen.get("config"), str) and not chosen.get(UNUSABLE):
-                    return chosen["config"], None
+                chosen = self.tuning_db(record).chosen(selection_problem(record, target), target.fingerprint)
+                if chosen is not None:
+                    return chosen, None
             return DEFAULT_CONFIG, None
-        result = _tuner().tune_kernel(self, record, target, strategy=tune)
+        result = self._tuner(tune).tune(self.natives, record, target, tune)
         return result.config, result
 
-    def _set_aside(self, record: KernelRecord, target: Target, config: str, error: Exception) -> None:
-        """Warn that a stored config does not build, and mark its record so it is not used again."""
-        reason = brief(error, lines=None, sep=" ", limit=300)
-        warnings.warn(
-            f"stored tuning config {config[:80]!r} of {record.name!r} on {target.label} does not build ({reason}); "
-            "using the compiler's default and marking the stored result unusable",
-            CacheWarning,
-            stacklevel=3,
-        )
-        problem, compiler = selection_problem(record, target), compiler_id(record)
-        stored = self.store.get_tuning(problem, target.fingerprint, compiler)
-        if stored is not None and stored.get("config") == config:
-            self.store.put_tuning(problem, target.fingerprint, compiler, {**stored, UNUSABLE: reason})
+    def _tuner(self, tune: str) -> Tuning:
+        if self.tuning is None:
+            raise TuningError(f"tune={tune!r} searches, and this bundle was opened without a tuner (open it with `portkern.load`)")
+        return self.tuning
 
-    def _executable(self, record: KernelRecord, target: Target, native: Native):
+    def _set_aside(self, record: KernelRecord, target: Target, config: str, error: Exception) -> None:
+        """Log that a stored config does not build, and mark its record so it is not used again."""
+        reason = brief(error, lines=None, sep=" ", limit=300)
+        log.warning(
+            "stored tuning config %r of %r on %s does not build (%s); using the compiler's default and marking "
+            "the stored result unusable", config[:80], record.name, target.label, reason,
+        )
+        self.tuning_db(record).set_aside(selection_problem(record, target), target.fingerprint, config, reason)
+
+    def _executable(self, record: KernelRecord, target: Target, native: Native) -> Loaded:
         memo = (record.name, target.driver, native.key)
         known = self._loaded.get(memo)
         executable = known[1]() if known is not None and known[0] == native.data else None
@@ -271,12 +358,12 @@ class Kernel:
     """A kernel finalised for one device; call it with NumPy arrays."""
 
     def __init__(
-        self, record: KernelRecord, target: Target, native: Native, executable, tuning: "TuneResult | None" = None,
+        self, record: KernelRecord, target: Target, native: Native, executable, tuning: Tuned | None = None,
         table: dict | None = None, bucket_tuning: list | None = None, stage: str = "",
     ) -> None:
         self.record = record
         self.target = target
-        self._code: tuple[Native, object] = (native, executable)
+        self._code: tuple[Native, Loaded] = (native, executable)
         #: The tuning result, when `kernel(..., tune=...)` asked for one.
         self.tuning = tuning
         #: Bucket label -> the bucket's tuned code (kernels with dynamic dimensions).
@@ -322,7 +409,7 @@ class Kernel:
         return self._code[0]
 
     @property
-    def executable(self):
+    def executable(self) -> Loaded:
         """The loaded code calls run now."""
         return self._code[1]
 
@@ -346,7 +433,13 @@ class Kernel:
     def origin(self) -> str:
         return self.native.origin
 
-    def __call__(self, *args: np.ndarray, **named: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]:
+    @overload
+    def __call__(self, *args: np.ndarray, **named: np.ndarray) -> np.ndarray | tuple[np.ndarray, ...]: ...
+
+    @overload
+    def __call__(self, *args: object, **named: object) -> Any: ...
+
+    def __call__(self, *args: object, **named: object) -> Any:
         """Run on NumPy arrays or framework tensors (`__dlpack__`), in order or by the model's argument
         names (`k(x=a, w=b)`, `k(**{"gpu_0/data_0": a})`, or their identifiers); results are NumPy
         arrays, or torch tensors sharing their memory when every argument is a torch tensor."""
@@ -356,13 +449,15 @@ class Kernel:
         if arrays is None:
             arrays = check_arguments(self.name, self.signature, args)
         executable = self._code[1]
-        if self.buckets:
-            _, _, code = buckets.pick(self.signature.contract, self.buckets, self.name, [a.shape for a in arrays])
+        contract = self.signature.contract
+        if self.buckets and contract is not None:  # (a kernel has bucket code only with a shape contract)
+            _, _, code = buckets.pick(contract, self.buckets, self.name, [a.shape for a in arrays])
             executable = code[1] if code is not None else executable
         results = [as_declared(r, spec.dtype) for r, spec in zip(executable(*arrays), self.signature.results)]
         wrap = result_wrapper(args)
         if wrap is not None:
-            results = [wrap(r) for r in results]
+            tensors = [wrap(r) for r in results]
+            return tensors[0] if len(tensors) == 1 else tuple(tensors)
         return results[0] if len(results) == 1 else tuple(results)
 
     def code_for(self, *args: np.ndarray) -> dict:

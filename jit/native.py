@@ -1,7 +1,9 @@
 """The one owner of native code: key, look up (this host's cache, then the fleet's remote tier),
 lock, prebuilt code, a worker's compile, check, store (and share through the remote tier).
 
-Loader and tuner both get native code through `NativeCode`. A kernel is
+Loader and tuner both get native code through `NativeCode`; every worker job that compiles
+kernel code or rewrites a stage is formed here (`compile_job`, `specialised_stage`, also for
+tuning candidates, shape buckets and the build host's prebuilt code). A kernel is
 planned once per request (`Plan`: its stage, what besides the stage selects
 the code, its cache key). A cache hit starts no worker; everything a compiler
 reads from the bundle is read in a worker of `portkern.jit.workers`, never in
@@ -10,17 +12,18 @@ this process.
 
 from __future__ import annotations
 
-import warnings
+import logging
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from portkern.base import settings
+from portkern.base.errors import BundleError, CompileForbiddenError, DeviceError, FinalizeError, PortkernError
+from portkern.cache import keys
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
-from portkern.cache.store import CacheWarning, Entry, Filter, Store
-from portkern.base.errors import BundleError, CompileForbiddenError, DeviceError, FinalizeError, PortkernError
+from portkern.cache.store import Entry, Filter, Store
 from portkern.jit import cpu
 from portkern.jit.parameters import KernelParameters, MappedSection
 from portkern.jit.target import Target
@@ -30,6 +33,8 @@ from portkern.portable.source import describe, fitted_phase
 
 if TYPE_CHECKING:  # the worker pool is loaded when something is compiled (a warm process never needs it)
     from portkern.jit.workers import Job, Pool, Result, Source
+
+log = logging.getLogger(__name__)
 
 DEFAULT_CONFIG = "default"
 #: The device kinds whose code objects `jit.codeobject` reads (other code is not inspected).
@@ -109,7 +114,37 @@ def compiler_id(record: KernelRecord) -> str:
 def selection_problem(record: KernelRecord, target: Target) -> str:
     """The tuning problem "which config for this whole kernel" (the tuner stores its answer)."""
     stage = record.stage(target.family)
-    return f"kernel:{kernel_digest(record.kind, record.entry, stage.blob)}"
+    return keys.selection_problem(kernel_digest(record.kind, record.entry, stage.blob))
+
+
+# --- worker jobs: every job that compiles kernel code or rewrites a stage is formed here --------
+
+
+def stage_source(bundle: Bundle, stage: Stage) -> Source:
+    """A bundle stage as the workers read it (fitted to the target in the worker)."""
+    from portkern.jit.workers import Source
+
+    return Source(stage.blob, bundle.blob(stage.blob), fitted_phase(stage), stage.to_dict())
+
+
+def compile_job(index: int, name: str, target: Target, source: Source, config: str = DEFAULT_CONFIG) -> Job:
+    """The worker job that compiles `source` to native code for `target` with kernel config `config`
+    ("default": the compiler's own); its result's `native` is the code. The service's own compiles,
+    tuning candidates and prebuilt code are all compiled by jobs formed here."""
+    from portkern.jit.workers import Job
+
+    return Job.compile(index, name, target, source, config)
+
+
+def specialised_stage(pool: Pool, record: KernelRecord, blob: bytes, values: dict[str, int]) -> bytes:
+    """The kernel's flow stage `blob` with its dynamic sizes fixed to `values`, rewritten by a
+    worker of `pool`; the typed error of the worker's failure otherwise."""
+    from portkern.jit.workers import Job
+
+    result = pool.run([Job.specialise(0, record.name, record.to_dict(), blob, dict(values))], workers=1)[0]
+    if not result.ok:
+        raise result.error_for(record.name)
+    return result.data["stage"]
 
 
 @dataclass(frozen=True)
@@ -132,6 +167,11 @@ class NativeCode:
         #: The file the bundle was read from (where its parameter section lies).
         self.path = path
         self._section: MappedSection | None = None
+
+    def derived(self, bundle: Bundle) -> "NativeCode":
+        """The service for a bundle derived from this one (a kernel specialised and added): the
+        same store, pool and bundle file."""
+        return NativeCode(bundle, self.store, self._pool, self.path)
 
     @property
     def pool(self) -> Pool:
@@ -197,8 +237,10 @@ class NativeCode:
                 plan = plans[index]
                 locks.enter_context(self.store.lock(hex_key))
                 fleet_wide = locks.enter_context(remote.lock(hex_key, plan.name)) if remote is not None else False
-                outcome = (self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan)
-                           or self._named_cpu(plan, baselines))
+                outcome: Native | PortkernError | None = (
+                    self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan)
+                    or self._named_cpu(plan, baselines)
+                )
                 if outcome is None:
                     try:
                         jobs[index] = (self._job(index, plan), plan)
@@ -220,10 +262,10 @@ class NativeCode:
 
             if jobs:
                 self.pool.run([job for job, _ in jobs.values()], on_result=finished, workers=workers)
-        for i, plan in enumerate(plans):  # a plan that shares its key with another shares its code
-            if outcomes[i] is None:
-                outcomes[i] = next(o for p, o in zip(plans, outcomes) if p.hex == plan.hex and o is not None)
-        return outcomes  # type: ignore[return-value]
+        found: list[Native | PortkernError] = []
+        for plan, outcome in zip(plans, outcomes):  # a plan that shares its key with another shares its code
+            found.append(outcome if outcome is not None else next(o for p, o in zip(plans, outcomes) if p.hex == plan.hex and o is not None))
+        return found
 
     def cached(self, plan: Plan, count: bool = True) -> Native | None:
         """The plan's cache entry, unless it is GPU code for another arch (then it is evicted)."""
@@ -232,7 +274,7 @@ class NativeCode:
             return None
         problem = code_problem(hit[0], plan.target.fingerprint)
         if problem is not None:
-            warnings.warn(f"cache entry {plan.hex[:16]} is not code for {plan.target.label} ({problem}); evicted", CacheWarning)
+            log.warning("cache entry %s is not code for %s (%s); evicted", plan.hex[:16], plan.target.label, problem)
             self.store.delete(plan.hex)
             return None
         return Native(hit[0], plan.hex, plan.config, "cache", hit[1].finalize_s, plan.target.label)
@@ -287,9 +329,7 @@ class NativeCode:
 
     def source(self, plan: Plan) -> Source:
         """The plan's stage as the workers read it."""
-        from portkern.jit.workers import Source
-
-        return Source(plan.stage.blob, self.bundle.blob(plan.stage.blob), fitted_phase(plan.stage), plan.stage.to_dict())
+        return stage_source(self.bundle, plan.stage)
 
     def opencl_job(self, index: int, plan: Plan) -> Job:
         """The worker job that builds an OpenCL kernel's program for the plan's config
@@ -315,13 +355,15 @@ class NativeCode:
     def _from_remote(self, plan: Plan, count: bool = False) -> Native | None:
         """Native code from the remote tier, checked for this device and copied into the local cache."""
         remote = self.store.remote
-        fetched = remote.get_native(plan.hex) if remote is not None else None
+        if remote is None:
+            return None
+        fetched = remote.get_native(plan.hex)
         if fetched is not None:
             problem = code_problem(fetched.data, plan.target.fingerprint)
             if problem is not None:
                 remote.reject_native(plan.hex, f"not code for {plan.target.label}: {problem}")
                 fetched = None
-        if remote is not None and count:
+        if count:
             self.store.count_remote(fetched is not None)
         if fetched is None:
             return None
@@ -346,7 +388,7 @@ class NativeCode:
                     native = Native(data, plan.hex, plan.config, "prebuilt", 0.0, plan.target.label)
                     self.store.put(plan.hex, data, self.entry(plan, native))
                     return native
-                warnings.warn(f"prebuilt {artifact.target} code of {plan.name!r} ignored: {problem}")
+                log.warning("prebuilt %s code of %r ignored: %s", artifact.target, plan.name, problem)
         return None
 
     def _named_cpu(self, plan: Plan, baselines: bool = True) -> Native | None:
@@ -396,9 +438,7 @@ class NativeCode:
         toolchain.check(plan.stage, plan.name)
         if toolchain is OPENCL:
             return self.opencl_job(index, plan)
-        from portkern.jit.workers import Job
-
-        return Job.compile(index, plan.name, plan.target, self.source(plan), plan.config)
+        return compile_job(index, plan.name, plan.target, self.source(plan), plan.config)
 
     def _store(self, plan: Plan, result: Result) -> Native | PortkernError:
         if not result.ok:

@@ -24,10 +24,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from portkern.base.errors import DeviceError, ForkError
 from portkern.cache import scratch as scratch_dirs
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
-from portkern.base.errors import DeviceError, ForkError
 from portkern.jit.target import Probe, Target
 
 KIND = "opencl"
@@ -113,7 +113,7 @@ def scan() -> tuple[tuple[Found, ...], str]:
 def fingerprint(device) -> DeviceFingerprint:
     """What about an OpenCL device changes the code its driver builds."""
     cl = pyopencl()
-    extensions = sorted(device.extensions.split())
+    extensions = sorted(device.extensions.split(None))
     sizes = subgroup_sizes(device)
     properties = {
         "platform": device.platform.name,

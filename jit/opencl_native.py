@@ -23,7 +23,16 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from portkern.base.errors import CompileError, DeviceError, FinalizeError, KernelRuntimeError, LaunchSpecError, PerfConfigError, PortkernError, brief
+from portkern.base.errors import (
+    CompileError,
+    DeviceError,
+    FinalizeError,
+    KernelRuntimeError,
+    LaunchSpecError,
+    PerfConfigError,
+    PortkernError,
+    brief,
+)
 from portkern.jit import opencl
 from portkern.jit.args import bind_launch
 from portkern.jit.target import Target
@@ -291,14 +300,15 @@ class ClKernel:
         flags = cl.mem_flags
         values, results = [], []
         for arg in self.launch.args:
-            if not arg.is_buffer:
+            role = arg.role
+            if role is None:  # a scalar (`arg.is_buffer` is false)
                 values.append(bound.scalars[arg.name] if arg.value is not None else inputs[arg.name][()])
                 continue
-            host = np.empty(bound.shapes[arg.name], arg.dtype) if arg.role == "out" else inputs[arg.name]
-            if arg.role == "inout":
+            host = np.empty(bound.shapes[arg.name], arg.dtype) if role == "out" else inputs[arg.name]
+            if role == "inout":
                 host = host.copy()
-            access = {"in": flags.READ_ONLY, "out": flags.WRITE_ONLY, "inout": flags.READ_WRITE}[arg.role]
-            if arg.role != "out" and host.nbytes:
+            access = {"in": flags.READ_ONLY, "out": flags.WRITE_ONLY, "inout": flags.READ_WRITE}[role]
+            if role != "out" and host.nbytes:
                 buffer = cl.Buffer(self._ctx, access | flags.COPY_HOST_PTR, hostbuf=host)
             else:
                 buffer = cl.Buffer(self._ctx, access, size=max(host.nbytes, host.itemsize))

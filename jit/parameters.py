@@ -17,10 +17,11 @@ import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
+from portkern.base.errors import BundleError
 from portkern.cache.keys import parameters_key
 from portkern.cache.store import Store
-from portkern.base.errors import BundleError
 from portkern.portable.bundle import Bundle, KernelRecord
 from portkern.portable.parameters import Parameter, ParameterSection, check_file_size, verify_chunks
 
@@ -55,13 +56,16 @@ class MappedSection:
         self.path = path
         self.store = store
         self._lock = threading.Lock()
-        self._file = None
+        self._file: BinaryIO | None = None
         self._buffer: mmap.mmap | None = None
         self._identity = ""
         self._checked: set[int] = set()
 
-    def _open(self) -> None:
-        """Open and map the file, and recall which chunks were checked before."""
+    def _open(self) -> tuple[BinaryIO, mmap.mmap]:
+        """The open file and its mapping: opened and mapped on first use, recalling which chunks
+        were checked before."""
+        if self._file is not None and self._buffer is not None:
+            return self._file, self._buffer
         try:
             f = open(self.path, "rb")
         except OSError as exc:
@@ -69,31 +73,31 @@ class MappedSection:
         try:
             st = os.fstat(f.fileno())
             check_file_size(self.section, st.st_size, f"{self.path}: ")
-            self._buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         except BaseException:
             f.close()
             raise
-        self._file = f
+        self._file, self._buffer = f, buffer
         self._identity = parameters_key(str(self.path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, self.section.root)
         remembered = self.store.get_record(RECORD_KIND, self._identity) or {}
         chunks = remembered.get("chunks", [])
         if isinstance(chunks, list):
             self._checked = {c for c in chunks if isinstance(c, int) and 0 <= c < len(self.section.chunks)}
+        return f, buffer
 
     def for_kernel(self, record: KernelRecord) -> KernelParameters:
         """The kernel's parameters, their chunks checked (hashed now, or remembered as checked)."""
         with self._lock:
-            if self._buffer is None:
-                self._open()
+            file, buffer = self._open()
             needed = [c for c in self.section.chunks_of(record.parameters) if c not in self._checked]
             if needed:
-                verify_chunks(self._file, self.section, needed, f"{self.path}: kernel {record.name!r}: ")
+                verify_chunks(file, self.section, needed, f"{self.path}: kernel {record.name!r}: ")
                 self._checked.update(needed)
                 self.store.put_record(RECORD_KIND, self._identity, {"chunks": sorted(self._checked), "path": str(self.path)})
-            self._prefetch(record)
-            return KernelParameters(self._buffer, self.section, record.parameters)
+            self._prefetch(record, buffer)
+            return KernelParameters(buffer, self.section, record.parameters)
 
-    def _prefetch(self, record: KernelRecord) -> None:
+    def _prefetch(self, record: KernelRecord, buffer: mmap.mmap) -> None:
         """Ask the OS to read the kernel's parameters ahead, in the background: a call touches
         its weights in tile order, and a page at a time would be far slower from the disk."""
         if not record.parameters or not hasattr(mmap, "MADV_WILLNEED"):
@@ -102,6 +106,6 @@ class MappedSection:
         end = self.section.offset + max(p.offset + p.size for p in record.parameters)
         start -= start % mmap.PAGESIZE
         try:
-            self._buffer.madvise(mmap.MADV_WILLNEED, start, end - start)
+            buffer.madvise(mmap.MADV_WILLNEED, start, end - start)
         except OSError:  # a hint only
             pass

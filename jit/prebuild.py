@@ -2,24 +2,28 @@
 
 The loader serves a prebuilt slice to a device whose fingerprint equals the
 one recorded with it (a CPU slice also to a host CPU with all its features),
-and finalises the portable stage otherwise. A kernel
-that fails for a target is reported and left without that slice; the others
-are still built.
+and finalises the portable stage otherwise. Every slice is compiled by a job
+of the native-code service (`jit.native.compile_job`) in the bounded worker
+pool, under the same bounds as any other compile. A kernel that fails for a
+target is reported and left without that slice; the others are still built.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from portkern.base.errors import DeviceError, PortkernError, brief
-from portkern.jit.finalize import finalize
+from portkern.jit.native import DEFAULT_CONFIG, compile_job, stage_source
 from portkern.jit.target import Target
 from portkern.jit.toolchain import IREE
 from portkern.portable.bundle import IREE_KINDS, Bundle, KernelRecord, NativeArtifact, sha256
 
-#: Called before each kernel is finalised for each target.
+if TYPE_CHECKING:
+    from portkern.jit.workers import Job, Pool
+
+#: Called for each kernel and target, in order, as its compile is handed to a worker (or found impossible).
 Progress = Callable[[KernelRecord, Target], None]
 FINALIZED_KINDS = IREE_KINDS
 
@@ -41,29 +45,60 @@ class Prebuilt:
     failures: tuple[Failure, ...]
 
 
-def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | None = None) -> Prebuilt:
+def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | None = None, pool: Pool | None = None) -> Prebuilt:
     """`bundle` with native code for every target added to each MLIR/ONNX kernel
-    (replacing a slice already there for the same target), past any that fail."""
-    blobs = dict(bundle.blobs)
-    records, failures = [], []
-    for record in bundle.kernels:
-        if record.kind not in FINALIZED_KINDS:
-            records.append(record)
-            continue
-        native = {n.target: n for n in record.native}
-        for target in targets:
+    (replacing a slice already there for the same target), past any that fail; compiled
+    concurrently by the workers of `pool` (the process's shared pool by default)."""
+    from portkern.jit.workers import shared_pool
+
+    pairs = [(record, target) for record in bundle.kernels if record.kind in FINALIZED_KINDS for target in targets]
+    jobs: dict[int, Job] = {}
+    errors: dict[int, PortkernError] = {}
+    for index, (record, target) in enumerate(pairs):
+        try:
+            jobs[index] = _job(index, bundle, record, target)
+        except PortkernError as exc:
+            errors[index] = exc
+    announced = 0
+
+    def announce(upto: int) -> None:
+        """`progress` for every pair before `upto` not yet announced, in order."""
+        nonlocal announced
+        for record, target in pairs[announced:upto]:
             if progress:
                 progress(record, target)
-            try:
-                if not IREE.accepts(target):
-                    raise DeviceError(f"{target.label} runs OpenCL kernels; {record.kind} kernels are prebuilt for IREE targets")
-                data = finalize(bundle, record, target)
-            except PortkernError as exc:
-                failures.append(Failure(record.name, target.label, f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=None)}"))
-                continue
-            blobs[sha256(data)] = data
-            native[target.label] = NativeArtifact(target.label, "vmfb", sha256(data), len(data), target.fingerprint.to_dict())
-        records.append(dataclasses.replace(record, native=tuple(native[label] for label in sorted(native))))
-    referenced = {item.blob for r in records for item in (*r.stages, *r.native)}
+        announced = max(announced, upto)
+
+    results = (pool or shared_pool()).run(jobs.values(), on_start=lambda job, pid: announce(job.id + 1))
+    announce(len(pairs))
+    blobs = dict(bundle.blobs)
+    slices = {record.name: {n.target: n for n in record.native} for record, _ in pairs}  # names are unique in a bundle
+    failures = []
+    for index, (record, target) in enumerate(pairs):
+        result = results.get(index)
+        if result is not None and not result.ok:
+            errors[index] = result.error_for(record.name, target)
+        if index in errors:
+            why = f"{type(errors[index]).__name__}: {brief(errors[index], lines=None, sep=' ', limit=None)}"
+            failures.append(Failure(record.name, target.label, why))
+            continue
+        data = results[index].data["native"]
+        blobs[sha256(data)] = data
+        slices[record.name][target.label] = NativeArtifact(target.label, "vmfb", sha256(data), len(data), target.fingerprint.to_dict())
+    records = [
+        dataclasses.replace(record, native=tuple(slices[record.name][label] for label in sorted(slices[record.name])))
+        if record.name in slices else record
+        for record in bundle.kernels
+    ]
+    referenced = {s.blob for r in records for s in r.stages} | {n.blob for r in records for n in r.native}
     kept = {sha: data for sha, data in blobs.items() if sha in referenced}
     return Prebuilt(dataclasses.replace(bundle, kernels=tuple(records), blobs=kept), tuple(failures))  # parameters kept
+
+
+def _job(index: int, bundle: Bundle, record: KernelRecord, target: Target) -> Job:
+    """The job that compiles a kernel's stage for `target` with the compiler's default config."""
+    if not IREE.accepts(target):
+        raise DeviceError(f"{target.label} runs OpenCL kernels; {record.kind} kernels are prebuilt for IREE targets")
+    stage, _ = IREE.stage(bundle, record, target, DEFAULT_CONFIG)
+    IREE.check(stage, record.name)
+    return compile_job(index, record.name, target, stage_source(bundle, stage))

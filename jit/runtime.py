@@ -1,25 +1,15 @@
 """Running native IREE code (vmfb) on NumPy arrays, from any thread and in forked children.
 
-Threads: the runtime releases the GIL while a call runs. On `local-task` a lone
-call runs on the process's task executor (one worker per core) when that pays: the
-kernel takes `SMALL_CALL_S` or more on the calling thread, and its first lone calls
-on the executor ran at least `EXECUTOR_GAIN` times faster than on the calling thread
-(spreading a call over cores costs CPU time: a 1 ms GEMM took 1.8 ms of CPU on two
-executor workers against 1.0 ms inline). Otherwise, and always while calls overlap
-(and for `OVERLAP_WINDOW_S` after), calls run on the calling thread (`local-sync`):
-concurrent callers then each keep a core busy rather than queue on, or preempt, the
-executor. A forked child (a pre-fork server's worker: its siblings share the cores) runs
-every call on the calling thread. On the CPU a call with NumPy arrays is one runtime call (`jit/vmcall.py`), which
-releases the GIL once, for the invocation. Of a short call, much is still Python work:
-side by side, threads pass the GIL to and fro with a wake-up each time (two threads made
-half the calls of one with a 30 us kernel, while a 90 us one, two thirds native work, made
-1.8 times as many). So calls shorter than `SMALL_CALL_S` take turns at the process's gate
-(`jit/gate.py`: one thread at a time runs them back to back, the others sleep off the GIL
-until their turn) when their native part is shorter than two GIL hand-offs; longer ones
-take turns or run side by side, whichever made more calls a second when the kernel's own
-calls tried both. A call is judged short or long on the calling thread's own time
-(`time.thread_time`), so a kernel first called from busy threads is judged as if alone. On
-a free-threaded interpreter (no GIL) calls always run side by side.
+Where a CPU call runs (`local-task` kernels): on the calling thread (IREE's `local-sync`
+driver), unless its arguments total `PORTKERN_EXECUTOR_MIN_BYTES` or more (`settings.
+executor_min_bytes`, read when the executable is made): such a call runs on the process's task
+executor, spread over the cores. In a forked child (a pre-fork server's worker, whose siblings
+share the cores) every call runs on the calling thread. The rule reads the arguments' sizes,
+the setting and whether the process was forked, nothing timed, so the same call always runs
+the same way. The runtime releases the GIL while a call runs, so threads calling kernels
+whose native work outweighs their Python work keep several cores busy; calls that are mostly
+Python work do not speed up with threads, and processes scale them (docs/serving.md). On the
+CPU a call with NumPy arrays is one runtime call (`jit/vmcall.py`).
 
 Fork: runtime objects inherited from the parent are never used nor released in a
 child (their worker threads do not exist there); each executable loads again, from
@@ -36,34 +26,24 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import os
 import signal
 import threading
-import time
+import weakref
 from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
 
+from portkern.base import settings
 from portkern.base.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError, brief
-from portkern.jit.gate import TURNS, Choice, Gate, Turns, choose
 from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
-from portkern.portable.interpreter import gil_enabled
 
 if TYPE_CHECKING:
     from portkern.jit.parameters import KernelParameters
 
 #: The driver that runs a `local-task` call on the calling thread.
 INLINE = {"local-task": "local-sync"}
-#: A kernel whose inline call takes less than this never goes to the task executor.
-SMALL_CALL_S = 2e-4
-#: Inline calls timed before a kernel is judged small or not.
-INLINE_PROBES = 3
-#: Lone calls timed on the task executor (after the inline probes) before it is chosen or not.
-EXECUTOR_PROBES = 3
-#: Lone calls use the task executor only when it runs them this many times faster than inline.
-EXECUTOR_GAIN = 1.25
-#: After two calls overlapped, every call runs inline for this long.
-OVERLAP_WINDOW_S = 0.1
 #: Drivers started afresh in a forked child; others (GPU drivers) do not survive fork.
 FORK_SAFE = ("local-task", "local-sync")
 #: Longest the exit waits for runtime calls in flight to return (a call always returns; this
@@ -77,39 +57,15 @@ class _Process:
     def __init__(self, parent: "_Process | None" = None) -> None:
         self.lock = threading.RLock()
         self.configs: dict[str, object] = {}
-        self.traffic = _Traffic()
         #: Runtime calls in flight, and whether the runtime still takes calls (not at exit).
         self.calls = _Calls()
-        #: Small calls from several threads take turns here (see `Executable.__call__`).
-        self.gate = Gate()
         #: Drivers a parent process started before it forked this one.
         self.inherited: frozenset[str] = frozenset(parent.configs).union(parent.inherited) if parent else frozenset()
         #: A forked child: one of a pre-fork server's workers, which share the cores, so its
-        #: lone calls never spread over them on the task executor (two children doing so
-        #: made 1.1 times the calls of one, against 2.0 times on their own threads).
+        #: calls never spread over them on the task executor.
         self.forked = parent is not None
-
-
-class _Traffic:
-    """Calls in flight in this process, and when two last overlapped."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.in_flight = 0
-        self.overlap_at = -float("inf")
-
-    def enter(self) -> bool:
-        """Count a call in; True when it runs alone and no calls overlapped lately."""
-        now = time.monotonic()
-        with self.lock:
-            self.in_flight += 1
-            if self.in_flight > 1:
-                self.overlap_at = now
-            return now - self.overlap_at > OVERLAP_WINDOW_S
-
-    def leave(self) -> None:
-        with self.lock:
-            self.in_flight -= 1
+        #: What this process loaded (held weakly): a forked child never releases it.
+        self.loaded: weakref.WeakSet[_Loaded] = weakref.WeakSet()
 
 
 class _Calls:
@@ -145,15 +101,23 @@ class _Calls:
 
 
 _process = _Process()
-#: Runtime objects inherited across fork: kept referenced, so that no destructor
-#: waits in the child for the parent's worker threads.
-_inherited: list[object] = []
 
 
 def _after_fork_in_child() -> None:
+    """A fresh runtime state for the child. The parent's runtime objects (its drivers, devices
+    and loaded code) are never released here, not even at exit: their destructors wait for
+    the parent's worker threads, which do not exist in a child (a child that exited normally
+    hung in them)."""
     global _process
-    _inherited.append(_process)
-    _process = _Process(_process)
+    parent = _process
+    _process = _Process(parent)
+    if not parent.configs:
+        return  # the parent started no driver: nothing of the runtime to keep
+    for kept in (parent, *parent.loaded):
+        ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
+    from iree.runtime import _binding
+
+    _binding.disable_leak_checker()  # or the kept objects are listed as leaks at exit
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -203,6 +167,7 @@ class _Loaded:
         import iree.runtime as rt
 
         self.process = _process
+        _process.loaded.add(self)
         config = runtime_config(driver)
         try:
             self.context = rt.SystemContext(config=config)
@@ -243,13 +208,8 @@ class Executable:
         self.parameters = parameters
         self._vmfb = vmfb
         self._loaded: dict[str, _Loaded] = {}
-        self._inline_s = float("inf")
-        self._inline_probes = 0
-        #: For calls that always run inline (set once the probes found them short): whether
-        #: they take turns at the gate (`TURNS`), or run side by side (None), or try both (`Choice`).
-        self._choice: Choice | Turns | None = None
-        self._executor_s = float("inf")
-        self._executor_probes = 0
+        #: Calls whose arguments total this many bytes or more run on the task executor.
+        self.executor_min_bytes = settings.executor_min_bytes()
         with _process.calls:
             self._load(driver)
 
@@ -261,8 +221,6 @@ class Executable:
         with _process.lock:
             loaded = self._loaded.get(driver)
             if loaded is None or loaded.process is not _process:
-                if loaded is not None:
-                    _inherited.append(loaded)
                 loaded = self._loaded[driver] = _Loaded(self._vmfb, self.entry, driver, self.parameters)
             return loaded
 
@@ -289,77 +247,23 @@ class Executable:
             except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
-    def _host_call(self, driver: str, arrays, contended: bool = False, timed: bool = False) -> list[np.ndarray]:
-        """NumPy arrays (or device arrays from `upload`) in, NumPy arrays out, on `driver`;
-        `contended`: other threads' calls overlap this one; `timed`: time its native part."""
-        loaded = self._load(driver)
-        if loaded.call is not None and all(type(array) is np.ndarray for array in arrays):
-            return loaded.call(arrays, contended, timed)
-        return self._to_host(self._invoke(loaded, arrays))
-
-    def _run(self, arrays) -> list[np.ndarray]:
-        """Run NumPy arrays on the task executor when the call is alone and that pays, else inline."""
+    def driver_for(self, arrays) -> str:
+        """The driver a call on these arrays runs on: the calling thread's (`local-sync`) for
+        a `local-task` kernel unless the arrays total `executor_min_bytes` or more outside a
+        forked child; any other driver as it is."""
         inline = INLINE.get(self.driver)
-        if inline is None:
-            return self._host_call(self.driver, arrays)
-        traffic = _process.traffic
-        alone = traffic.enter()
-        try:
-            if alone and not _process.forked and self._inline_probes >= INLINE_PROBES and self._inline_s >= SMALL_CALL_S:
-                if self._executor_probes < EXECUTOR_PROBES:
-                    start = time.perf_counter()
-                    results = self._host_call(self.driver, arrays)
-                    self._executor_s = min(self._executor_s, time.perf_counter() - start)
-                    self._executor_probes += 1
-                    return results
-                if self._executor_s * EXECUTOR_GAIN <= self._inline_s:
-                    return self._host_call(self.driver, arrays)
-            probe = self._inline_probes < INLINE_PROBES
-            # The calling thread's own time: other threads' calls, and waits for the GIL, do
-            # not count (a kernel first called from busy threads would pass for a large one).
-            start = time.thread_time() if probe else 0.0
-            results = self._host_call(inline, arrays, not alone, probe)
-            if probe:
-                self._inline_s = min(self._inline_s, time.thread_time() - start)
-                self._inline_probes += 1
-                if self._inline_probes >= INLINE_PROBES and self._inline_s < SMALL_CALL_S and gil_enabled():
-                    call = self._load(inline).call
-                    self._choice = choose(call.native_s if call is not None and call.native_s < self._inline_s else None)
-            return results
-        finally:
-            traffic.leave()
+        if inline is None or _process.forked:
+            return inline or self.driver
+        size = sum(getattr(array, "nbytes", 0) for array in arrays)
+        return self.driver if size >= self.executor_min_bytes else inline
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
+        """Run on NumPy arrays (or device arrays from `upload`); the results as NumPy arrays."""
         with _process.calls:
-            return self._call(arrays)
-
-    def _call(self, arrays) -> list[np.ndarray]:
-        choice = self._choice
-        if choice is None:
-            return self._run(arrays)
-        if choice is TURNS:
-            return self._take_turn(arrays)
-        start = time.monotonic()
-        if not choice.gated:
-            callers = _process.traffic.in_flight + 1
-            try:
-                return self._run(arrays)
-            finally:
-                choice.record(start, time.monotonic(), callers)
-        try:
-            return self._take_turn(arrays)
-        finally:
-            choice.record(start, time.monotonic(), _process.gate.waiting + 1)
-
-    def _take_turn(self, arrays) -> list[np.ndarray]:
-        """Run inline (a call this short never pays its way on the task executor), one thread
-        at a time through the process's gate."""
-        gate = _process.gate
-        gate.enter(self._inline_s)
-        try:
-            return self._host_call(INLINE[self.driver], arrays)
-        finally:
-            gate.leave()
+            loaded = self._load(self.driver_for(arrays))
+            if loaded.call is not None and all(type(array) is np.ndarray for array in arrays):
+                return loaded.call(arrays)
+            return self._to_host(self._invoke(loaded, arrays))
 
     @staticmethod
     def _to_host(results) -> list[np.ndarray]:

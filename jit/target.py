@@ -7,8 +7,9 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from portkern.cache.device import DeviceFingerprint
 from portkern.base.errors import CompileError, DeviceError
+from portkern.cache.device import DeviceFingerprint
+from portkern.cache.keys import probe_key
 from portkern.portable.producer import installed_compiler
 
 if TYPE_CHECKING:
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
 #: A module with one dispatch: lowered to `preprocessing`, its device global already
 #: carries the `#hal.executable.target` IREE resolves for the compiler flags (the same
 #: text the dispatch's variant gets at `executable-sources`, in a tenth of the time).
-_PROBE_MODULE = """func.func @probe(%a: tensor<16xf32>, %b: tensor<16xf32>) -> tensor<16xf32> {
+PROBE_MODULE = """func.func @probe(%a: tensor<16xf32>, %b: tensor<16xf32>) -> tensor<16xf32> {
   %0 = arith.addf %a, %b : tensor<16xf32>
   return %0 : tensor<16xf32>
 }"""
@@ -78,10 +79,10 @@ def resolve_executable_target(flags: tuple[str, ...]) -> str:
 
     try:
         compiler = Compiler(flags)
-        module = compiler.lower(compiler.parse(_PROBE_MODULE), from_phase="start", to_phase=PROBE_PHASE, name="probe")
+        module = compiler.lower(compiler.parse(PROBE_MODULE), from_phase="start", to_phase=PROBE_PHASE, name="probe")
     except CompileError as exc:
         raise DeviceError(f"IREE cannot target {' '.join(flags)}: {exc}") from None
-    targets = [target for op, name in target_sites(module) for target in _executable_targets_in(str(op.attributes[name]))]
+    targets = [target for op, name in target_sites(module) for target in executable_targets_in(str(op.attributes[name]))]
     if not targets:
         raise DeviceError(f"IREE resolved no executable target for {' '.join(flags)}")
     return targets[0]
@@ -91,7 +92,7 @@ def resolve_executable_target(flags: tuple[str, ...]) -> str:
 PROBE_PHASE = "preprocessing"
 
 
-def _executable_targets_in(text: str) -> list[str]:
+def executable_targets_in(text: str) -> list[str]:
     """The `#hal.executable.target<...>` attributes written in an attribute's text."""
     found, start = [], text.find(_EXECUTABLE_TARGET)
     while start >= 0:
@@ -121,7 +122,7 @@ def memoised(parts: tuple[str, ...], make: Callable[[], dict], store: "Store | N
     """`make()` once per `parts` and installed compiler: in this process, and in the
     store's probe records ("p") across processes."""
     compiler = installed_compiler()
-    key = hashlib.sha256("|".join((*parts, compiler.version, compiler.revision)).encode()).hexdigest()
+    key = probe_key(parts, compiler.version, compiler.revision)
     with _memo_lock:
         value = _memo.get(key)
     stored = store.get_record("p", key) if store is not None else None

@@ -16,7 +16,7 @@ with torch already imported.
 from __future__ import annotations
 
 import sys
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -45,9 +45,8 @@ def as_array(kernel: str, index: int, value: object) -> np.ndarray:
         )
     if getattr(value, "requires_grad", False) is True:
         raise ArgumentTypeError(f"{kernel}() argument {index} is a {kind} that requires grad; pass tensor.detach()")
-    value = _resolved(kernel, index, kind, value)
     try:
-        return np.from_dlpack(value)
+        return np.from_dlpack(_resolved(kernel, index, kind, value))
     except (BufferError, RuntimeError, TypeError, ValueError, AttributeError) as exc:
         reason = brief(exc, None, sep=" ", limit=200) or type(exc).__name__
         raise ArgumentTypeError(f"{kernel}() argument {index}: a {kind} that NumPy cannot view ({reason})") from None
@@ -69,7 +68,7 @@ def result_wrapper(args: Sequence[object]) -> Wrap | None:
     return wrap
 
 
-def _resolved(kernel: str, index: int, kind: str, value: object) -> object:
+def _resolved(kernel: str, index: int, kind: str, value: object) -> Any:
     """A torch tensor (of any subclass) with its conjugate and negative bits applied (a copy where one is set); any
     other value as it is. An ArgumentTypeError where a bit is set and cannot be applied."""
     torch = sys.modules.get("torch")  # a torch tensor (of a subclass too) comes with torch imported
@@ -97,7 +96,7 @@ def _bit_set(value: object, bit: str) -> bool:
     return bool(test()) if callable(test) else False
 
 
-def _device(value: object) -> int | None:
+def _device(value: Any) -> int | None:
     try:
         return int(value.__dlpack_device__()[0])
     except Exception:  # noqa: BLE001 - no or an unusual __dlpack_device__: from_dlpack decides

@@ -6,15 +6,26 @@ the compiling is done by the workers (`portkern.jit.worker`).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from portkern.base.errors import FinalizeError
 from portkern.jit.target import Target
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.producer import installed_compiler, installed_runtime
 from portkern.portable.source import readable_stage
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 #: The config of the compiler's own choices (no module options): `jit.native.DEFAULT_CONFIG`.
 DEFAULT = "default"
+
+
+class Loaded(Protocol):
+    """A loaded kernel (`executable` of a toolchain): NumPy arrays in, its results as NumPy arrays out."""
+
+    def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]: ...
 
 
 class IreeToolchain:
@@ -66,7 +77,7 @@ class IreeToolchain:
 
         check_stage(stage, name, bytecode=False)
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None):
+    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None) -> Loaded:
         """A loaded, callable kernel for native code built with `config`, reading `parameters`
         (a bundle's mapped parameters) if it has any."""
         from portkern.jit.runtime import Executable
@@ -111,7 +122,7 @@ class OpenclToolchain:
     def check(self, stage: Stage, name: str) -> None:
         """Nothing to refuse beyond what `stage` checked."""
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None):
+    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None) -> Loaded:
         return self._native.Executable(data, record, target, config)
 
 

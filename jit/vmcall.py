@@ -4,19 +4,14 @@
 copies each argument into a device buffer with the GIL released; of a 30 us call, about
 10 us went to that glue. Here the VM argument list is built directly. A large argument
 whose memory IREE may use as it is (64-byte aligned, IREE's buffer alignment contract, and
-writable) is wrapped without a copy. Others are copied: by IREE, which releases the GIL
-for the copy (the cheapest way when no other thread wants the GIL), or, for a call made
-while other threads call kernels too, by NumPy into a buffer IREE allocates, holding the
-GIL (a short copy costs less than a GIL hand-over to another thread and back). The call
-then releases the GIL once more, for the invocation itself. Results are NumPy arrays over
-the host memory of the buffers the call returned (on a local driver, device memory is host
-memory), which every view of them keeps valid (`host_array`); a result that shares memory
-with an argument or an earlier result is copied.
+writable) is wrapped without a copy; others are copied by IREE (which releases the GIL for
+the copy). The call then releases the GIL once more, for the invocation itself. Results are
+NumPy arrays over the host memory of the buffers the call returned (on a local driver,
+device memory is host memory), which every view of them keeps valid (`host_array`); a
+result that shares memory with an argument or an earlier result is copied.
 """
 
 from __future__ import annotations
-
-import time
 
 import numpy as np
 
@@ -48,28 +43,21 @@ class VmCall:
         #: NumPy dtype -> HAL element type, and back (filled as calls meet them).
         self._element_types: dict[np.dtype, object] = {}
         self._dtypes: dict[int, np.dtype] = {}
-        #: The shortest invocation timed (`timed` calls): the native part of a call, GIL released.
-        self.native_s = float("inf")
 
-    def __call__(self, arrays, contended: bool = False, timed: bool = False) -> list[np.ndarray]:
-        """Run on C-contiguous arrays; the results as NumPy arrays. `contended`: other threads
-        are calling kernels now (arguments are then copied without releasing the GIL);
-        `timed`: count the invocation in `native_s`."""
+    def __call__(self, arrays) -> list[np.ndarray]:
+        """Run on C-contiguous arrays; the results as NumPy arrays."""
         hal = self._hal
         args = hal.VmVariantList(len(arrays))
         for array in arrays:
-            args.push_ref(self._buffer_view(array, contended).ref)
+            args.push_ref(self._buffer_view(array).ref)
         results = hal.VmVariantList(1)
-        start = time.thread_time() if timed else 0.0  # this thread's time: a wait for the GIL after it does not count
         try:
             self._context.invoke(self._function, args, results)
         except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
             raise KernelRuntimeError(f"{self.entry}: {exc}") from None
-        if timed:
-            self.native_s = min(self.native_s, time.thread_time() - start)
         return distinct([self._result(results, index) for index in range(len(results))], arrays)
 
-    def _buffer_view(self, array: np.ndarray, contended: bool):
+    def _buffer_view(self, array: np.ndarray):
         hal = self._hal
         element_type = self._element_types.get(array.dtype)
         if element_type is None:
@@ -81,13 +69,8 @@ class VmCall:
                 raise KernelRuntimeError(f"{self.entry}: arrays of {array.dtype} cannot be passed to IREE ({exc})") from None
         if array.nbytes >= WRAP_BYTES and array.flags.writeable and not array.ctypes.data % ALIGNMENT:
             buffer = self._allocator.import_host_allocation(array, self._memory, self._usage)
-        elif not contended:
-            return self._allocator.allocate_buffer_copy(self._memory, self._usage, self._device, array, element_type)
-        else:
-            buffer = self._allocator.allocate_buffer(self._memory, self._usage, array.nbytes)
-            if array.nbytes:
-                np.copyto(buffer.map().asarray(array.shape, array.dtype), array, casting="no")
-        return hal.HalBufferView(buffer, array.shape, element_type)
+            return hal.HalBufferView(buffer, array.shape, element_type)
+        return self._allocator.allocate_buffer_copy(self._memory, self._usage, self._device, array, element_type)
 
     def _result(self, results, index: int) -> np.ndarray:
         hal = self._hal
@@ -116,7 +99,7 @@ def host_array(array: np.ndarray) -> np.ndarray:
     if not array.size:
         return array
     try:
-        kept = np.asarray(memoryview(array))
+        kept = np.asarray(array.data)  # the array's memoryview
     except ValueError:  # a dtype the buffer protocol cannot state (bfloat16 and other ml_dtypes)
         kept = np.asarray(_Exported(array))
     return kept if kept.dtype == array.dtype else kept.view(array.dtype)

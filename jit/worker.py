@@ -14,7 +14,10 @@ a compiler prints goes to stderr so it cannot corrupt the channel.
 Job kinds: "compile" (a vmfb for a kernel config), "analyse" (the module at
 `executable-configurations` and its dispatches as plain data), "opencl" (a
 program binary), "specialise" (a flow stage with its dynamic sizes fixed),
-"build" (a manifest built into a bundle file, for the ONNX backend).
+"build" (a manifest built into a bundle file, for the ONNX backend). What is not
+`jit`'s own (a config stamped for "compile", the dispatches read for "analyse")
+is done by the handler the job names (`portkern.jit.handlers`: registered by the
+package that sends the job, imported here only from a fixed list of modules).
 """
 
 from __future__ import annotations
@@ -136,36 +139,36 @@ def _readable(source: dict, name: str) -> None:
 
 
 def _compile(state: _State, job: dict) -> dict:
-    from portkern.jit import finalize
-    from portkern.tuner import analysis, kernel_config
+    from portkern.jit import finalize, handlers
 
     target, source, name = _target(job["target"]), job["source"], job["name"]
     _readable(source, name)
-    config = kernel_config.parse(job["config"])
     start = time.perf_counter()
-    if config.is_default:
+    if job["config"] == "default":
         module = state.module(target, source, name)
         setup = time.perf_counter()
         native = finalize.finish(target, module, source["phase"], name)
         return {"native": native, "setup_s": setup - start, "stamp_s": 0.0, "compile_s": time.perf_counter() - setup}
+    stamp = handlers.resolve(job.get("handler"))
     configured = state.at_configurations(target, source, name)
     setup = time.perf_counter()
-    stamped = analysis.stamp(configured, config, finalize.compiler_for(target).context)
+    stamped = stamp(configured, job["config"], finalize.compiler_for(target).context)
     stamped_at = time.perf_counter()
     native = finalize.finish(target, stamped, finalize.CONFIGURED_PHASE, name)
     return {"native": native, "setup_s": setup - start, "stamp_s": stamped_at - setup, "compile_s": time.perf_counter() - stamped_at}
 
 
 def _analyse(state: _State, job: dict) -> dict:
+    from portkern.jit import handlers
     from portkern.portable.compiler import bytecode
-    from portkern.tuner import analysis
 
     target, name = _target(job["target"]), job["name"]
     _readable(job["source"], name)
+    dispatches = handlers.resolve(job.get("handler"))
     start = time.perf_counter()
     configured = state.at_configurations(target, job["source"], name)
-    found = analysis.dispatches(configured)
-    return {"configured": bytecode(configured), "dispatches": [d.to_dict() for d in found], "setup_s": time.perf_counter() - start}
+    found = dispatches(configured)
+    return {"configured": bytecode(configured), "dispatches": list(found), "setup_s": time.perf_counter() - start}
 
 
 def _opencl(state: _State, job: dict) -> dict:
@@ -179,12 +182,16 @@ def _opencl(state: _State, job: dict) -> dict:
 
 
 def _specialise(state: _State, job: dict) -> dict:
+    from portkern.base.errors import CompileError
     from portkern.portable.bundle import KernelRecord
     from portkern.portable.specialise import specialise
 
     start = time.perf_counter()
     record = KernelRecord.from_dict(job["record"])
-    stage = specialise(state.plain(), job["blob"], record.entry, record.signature.contract, dict(job["values"]), record.name)
+    contract = record.signature.contract
+    if contract is None:
+        raise CompileError(f"{record.name}: no shape contract, so its dynamic sizes cannot be fixed")
+    stage = specialise(state.plain(), job["blob"], record.entry, contract, dict(job["values"]), record.name)
     return {"stage": stage, "setup_s": time.perf_counter() - start}
 
 
@@ -226,15 +233,18 @@ def run_job(state: _State, job: dict) -> dict:
         result["ok"] = True
     except PortkernError as exc:
         result.update(error=brief(exc, lines=None, sep=" ", limit=2000), error_type=type(exc).__name__)
-    except Exception as exc:  # noqa: BLE001 - the bindings raise plain RuntimeError on hostile input
-        result.update(_unexpected(exc))
+    except Exception as exc:  # noqa: BLE001 - a job's boundary: any failure (the bindings raise plain
+        # RuntimeError on hostile input) is reported to the parent, and the worker takes the next job
+        result.update(unexpected_error(exc))
     finally:
         _bound_memory(0)
     return result
 
 
-def _unexpected(exc: Exception) -> dict[str, Any]:
-    """The result fields for an error that is not a PortkernError."""
+def unexpected_error(exc: Exception) -> dict[str, Any]:
+    """The result fields of a job that raised `exc`, an error that is not a PortkernError: "out of
+    memory" (error type MemoryError) for a refused allocation, else the error with `retire` set
+    (the parent replaces the worker)."""
     if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         # under the address-space bound, an allocation refused anywhere (a library's own, an import) is out of memory
         return {"error": "out of memory", "error_type": "MemoryError"}
@@ -249,6 +259,7 @@ def main() -> int:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     requests = sys.stdin.buffer
     import iree.compiler.api  # noqa: F401  (ready means the compiler is loaded)
+
     # and the modules every job uses: imported here, not under a job's memory bound
     import portkern.cache.device  # noqa: F401
     import portkern.jit.finalize  # noqa: F401

@@ -34,11 +34,12 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
-from typing import Any, Callable, Iterable
+from typing import IO, Any, Callable, Iterable
 
 from portkern.base import errors, settings
-from portkern.cache import scratch
 from portkern.base.errors import FinalizeError, PortkernError, brief
+from portkern.cache import scratch
+from portkern.jit import handlers
 from portkern.jit.target import Target
 from portkern.jit.worker import read_frame, write_frame
 
@@ -101,13 +102,18 @@ class Job:
 
     @classmethod
     def compile(cls, id: int, name: str, target: Target, source: Source, config: str = "default") -> "Job":
-        """A vmfb of `source` with a kernel config ("default": the compiler's own)."""
-        return cls(id, "compile", name, target, {"source": source.message(), "config": config})
+        """A vmfb of `source` with a kernel config ("default": the compiler's own; any other is
+        written on the module by the handler registered for `handlers.STAMP`)."""
+        payload = {"source": source.message(), "config": config}
+        if config != "default":
+            payload["handler"] = handlers.handler(handlers.STAMP)
+        return cls(id, "compile", name, target, payload)
 
     @classmethod
     def analyse(cls, id: int, name: str, target: Target, source: Source) -> "Job":
-        """The module at `executable-configurations` as bytecode, and its dispatches."""
-        return cls(id, "analyse", name, target, {"source": source.message()})
+        """The module at `executable-configurations` as bytecode, and its dispatches (read by the
+        handler registered for `handlers.ANALYSE`)."""
+        return cls(id, "analyse", name, target, {"source": source.message(), "handler": handlers.handler(handlers.ANALYSE)})
 
     @classmethod
     def specialise(cls, id: int, name: str, record: dict, blob: bytes, values: dict[str, int]) -> "Job":
@@ -176,6 +182,12 @@ class _Worker:
             env=env,
             start_new_session=True,
         )
+        if self.process.stdin is None or self.process.stdout is None:  # both are PIPE above
+            self.process.kill()
+            raise FinalizeError("a compiler worker started without its pipes")
+        #: The job channel: frames to the worker, and from it.
+        self.stdin: IO[bytes] = self.process.stdin
+        self.stdout: IO[bytes] = self.process.stdout
         self.ready = False
         self.job: Job | None = None
         self.deadline = time.perf_counter() + START_TIMEOUT_S
@@ -194,7 +206,7 @@ class _Worker:
         target = target_message(job.target) if job.target is not None else None
         message = {"id": job.id, "kind": job.kind, "name": job.name, "memory": memory, "target": target, **job.payload}
         try:
-            write_frame(self.process.stdin, message)
+            write_frame(self.stdin, message)
             return True
         except (BrokenPipeError, OSError):
             return False
@@ -224,14 +236,14 @@ class _Worker:
             if kill:
                 self.process.kill()
             else:
-                self.process.stdin.close()
+                self.stdin.close()
             self.process.wait(timeout=5)
         except (OSError, subprocess.TimeoutExpired):
             self.process.kill()
             self.process.wait()
         if self.process.returncode != 0:  # killed or crashed: its exit handlers did not run
             scratch.remove_of(self.process.pid)
-        for stream in (self.process.stdin, self.process.stdout):
+        for stream in (self.stdin, self.stdout):
             try:
                 stream.close()
             except OSError:
@@ -366,9 +378,10 @@ class Pool:
                         self._replace(worker, kill=True)
             waiting = [w for w in self._workers if w.job or not w.ready]
             left = max(0.0, min(w.deadline for w in waiting) - time.perf_counter()) if waiting else 1.0
-            readable = wait([w.process.stdout for w in self._workers], timeout=left)
-            for worker in list(self._workers):
-                if worker.process.stdout in readable:
+            polled = [(w, w.stdout.fileno()) for w in self._workers]
+            readable = wait([fd for _, fd in polled], timeout=left)
+            for worker, fd in polled:
+                if fd in readable:
                     self._receive(worker, finish)
                 elif time.perf_counter() > worker.deadline and (worker.job is not None or not worker.ready):
                     if worker.job is not None:
@@ -396,7 +409,7 @@ class Pool:
             raise FinalizeError(f"compiler workers die at start-up: {why}")
 
     def _receive(self, worker: _Worker, finish) -> None:
-        message = read_frame(worker.process.stdout)
+        message = read_frame(worker.stdout)
         if message is None and self._stopping:  # killed by `stop_now`
             if worker.job is not None:
                 finish(worker, Result(id=worker.job.id, status="stopped", error="the process is exiting; the job was stopped"))

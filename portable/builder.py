@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from portkern.base.errors import BuildError, PortkernError
+from portkern.base.framing import file_sha256
 from portkern.portable.bundle import IREE_KINDS, Bundle, KernelRecord, Stage, sha256, write_bundle
 from portkern.portable.compiler import Compiler, bytecode
 from portkern.portable.contract_ir import build_contract
 from portkern.portable.family import FAMILIES, FAMILY_PHASE, lower_family_stage
-from portkern.base.framing import file_sha256
 from portkern.portable.lower import BUILD_FLAGS, PORTABLE_PHASE, Lowered, lower_source
 from portkern.portable.manifest import KernelSpec, Manifest, load_manifest
 from portkern.portable.parameters import ParameterData

@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, BinaryIO, Callable, Mapping
 
 from portkern.base import framing
 from portkern.base.errors import (
@@ -28,6 +28,7 @@ from portkern.base.errors import (
     OversizeFieldError,
     UnsupportedVersionError,
 )
+from portkern.base.records import from_plain, to_plain, wire
 from portkern.portable.contract import ShapeContract
 from portkern.portable.parameters import (
     CHUNK_BYTES,
@@ -78,12 +79,12 @@ class TensorSpec:
     shape: tuple[int | None, ...]
     dtype: str
 
-    def to_dict(self) -> dict:
-        return {"shape": list(self.shape), "dtype": self.dtype}
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "TensorSpec":
-        return cls(tuple(data["shape"]), data["dtype"])
+    def from_dict(cls, data: Mapping[str, Any]) -> "TensorSpec":
+        return from_plain(cls, data)
 
     def __str__(self) -> str:
         dims = "x".join("?" if d is None else str(d) for d in self.shape)
@@ -97,27 +98,22 @@ class Signature:
 
     inputs: tuple[TensorSpec, ...]
     results: tuple[TensorSpec, ...]
-    contract: ShapeContract | None = None
+    contract: ShapeContract | None = field(default=None, metadata=wire(omit=True))
 
-    def to_dict(self) -> dict:
-        data = {"inputs": [t.to_dict() for t in self.inputs], "results": [t.to_dict() for t in self.results]}
-        if self.contract is not None:
-            data["contract"] = self.contract.to_dict()
-        return data
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Signature":
-        signature = cls(
-            tuple(TensorSpec.from_dict(t) for t in data["inputs"]),
-            tuple(TensorSpec.from_dict(t) for t in data["results"]),
-        )
-        if "contract" not in data:
-            return signature
-        contract = ShapeContract.from_dict(data["contract"])
-        problem = contract.problem([t.shape for t in signature.inputs], [t.shape for t in signature.results])
-        if problem is not None:
-            raise MalformedBundleError(f"shape contract {contract} does not fit the signature {signature}: {problem}")
-        return cls(signature.inputs, signature.results, contract)
+    def from_dict(cls, data: Mapping[str, Any]) -> "Signature":
+        """A signature from a bundle record (already schema-checked); MalformedBundleError when its
+        shape contract does not fit its shapes."""
+        signature = from_plain(cls, data)
+        contract = signature.contract
+        if contract is not None:
+            problem = contract.problem([t.shape for t in signature.inputs], [t.shape for t in signature.results])
+            if problem is not None:
+                raise MalformedBundleError(f"shape contract {contract} does not fit the signature {signature}: {problem}")
+        return signature
 
     @property
     def contract_text(self) -> str:
@@ -142,42 +138,21 @@ class Stage:
     size: int
     producer: Producer
     #: The placeholder target a family stage was lowered for, to be swapped on the device.
-    placeholder: str | None = None
+    placeholder: str | None = field(default=None, metadata=wire(omit=True))
     #: A source stage of an ONNX model: its `opset` and `ir_version`.
-    model: Mapping[str, int] | None = None
+    model: Mapping[str, int] | None = field(default=None, metadata=wire(omit=True))
 
     @property
     def is_source(self) -> bool:
         """Whether this is the kernel's source stage (read by any IREE release that parses it)."""
         return self.phase == SOURCE_PHASE
 
-    def to_dict(self) -> dict:
-        data = {
-            "phase": self.phase,
-            "family": self.family,
-            "format": self.format,
-            "blob": self.blob,
-            "size": self.size,
-            "producer": self.producer.to_dict(),
-        }
-        if self.placeholder is not None:
-            data["placeholder"] = self.placeholder
-        if self.model is not None:
-            data["model"] = dict(self.model)
-        return data
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Stage":
-        return cls(
-            data["phase"],
-            data["family"],
-            data["format"],
-            data["blob"],
-            data["size"],
-            Producer.from_dict(data["producer"]),
-            data.get("placeholder"),
-            data.get("model"),
-        )
+    def from_dict(cls, data: Mapping[str, Any]) -> "Stage":
+        return from_plain(cls, data)
 
 
 @dataclass(frozen=True)
@@ -193,12 +168,12 @@ class NativeArtifact:
     #: The device fingerprint (as plain data) the code was built for.
     device: Mapping[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> dict:
-        return {"target": self.target, "format": self.format, "blob": self.blob, "size": self.size, "device": dict(self.device)}
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "NativeArtifact":
-        return cls(data["target"], data["format"], data["blob"], data["size"], data.get("device", {}))
+    def from_dict(cls, data: Mapping[str, Any]) -> "NativeArtifact":
+        return from_plain(cls, data)
 
 
 @dataclass(frozen=True)
@@ -208,14 +183,15 @@ class KernelRecord:
     name: str
     kind: str
     entry: str
-    signature: Signature
+    #: Read with `Signature.from_dict` (which checks the shape contract against the shapes).
+    signature: Signature = field(metadata=wire(decode=lambda data: Signature.from_dict(data)))
     stages: tuple[Stage, ...]
     source_sha256: str
     native: tuple[NativeArtifact, ...] = ()
     #: Kind-specific launch description (OpenCL: arguments, sizes); empty for MLIR.
-    launch: Mapping[str, Any] = field(default_factory=dict)
+    launch: Mapping[str, Any] = field(default_factory=dict, metadata=wire(omit=True))
     #: Named parameters (weights) its stages refer to, in the bundle's parameter section.
-    parameters: tuple[Parameter, ...] = ()
+    parameters: tuple[Parameter, ...] = field(default=(), metadata=wire(omit=True))
 
     def stage(self, family: str = "any") -> Stage:
         """The stage to finalise for a device family: the family's own stage if
@@ -231,35 +207,14 @@ class KernelRecord:
         """The kernel's source stage, None when it was built without one (`portkern build --no-source`)."""
         return next((stage for stage in self.stages if stage.is_source), None)
 
-    def to_dict(self) -> dict:
-        data = {
-            "name": self.name,
-            "kind": self.kind,
-            "entry": self.entry,
-            "signature": self.signature.to_dict(),
-            "stages": [s.to_dict() for s in self.stages],
-            "source_sha256": self.source_sha256,
-            "native": [n.to_dict() for n in self.native],
-        }
-        if self.launch:
-            data["launch"] = dict(self.launch)
-        if self.parameters:
-            data["parameters"] = [p.to_dict() for p in self.parameters]
-        return data
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "KernelRecord":
-        return cls(
-            data["name"],
-            data["kind"],
-            data["entry"],
-            Signature.from_dict(data["signature"]),
-            tuple(Stage.from_dict(s) for s in data["stages"]),
-            data["source_sha256"],
-            tuple(NativeArtifact.from_dict(n) for n in data.get("native", ())),
-            data.get("launch", {}),
-            tuple(Parameter.from_dict(p) for p in data.get("parameters", ())),
-        )
+    def from_dict(cls, data: Mapping[str, Any]) -> "KernelRecord":
+        """A kernel record from bundle metadata (already schema-checked), its signature checked
+        (`Signature.from_dict`)."""
+        return from_plain(cls, data)
 
 
 @dataclass(frozen=True)
@@ -298,8 +253,8 @@ class Bundle:
             return (FORMAT_MAJOR, NAMES_MINOR)
         return (FORMAT_MAJOR, SOURCE_MINOR if with_source else PARAMETERS_MINOR if with_parameters else 0)
 
-    def meta(self) -> dict:
-        data = {
+    def meta(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
             "format": "portkern-bundle",
             "version": list(self.written_version()),
             "name": self.name,
@@ -318,7 +273,7 @@ def encode(bundle: Bundle) -> bytes:
     """The bundle's header and payload (with a parameter section, the bytes before it).
     Equal contents give equal bytes."""
     blobs = {sha: bundle.blobs[sha] for sha in sorted(bundle.blobs)}
-    return framing.pack(_format(bundle.written_version()[1]), {"meta": bundle.meta(), "blobs": blobs})
+    return framing.pack(file_format(bundle.written_version()[1]), {"meta": bundle.meta(), "blobs": blobs})
 
 
 #: `check(header and payload, file size)`, run on what `write_bundle` wrote before it is published.
@@ -337,7 +292,7 @@ def write_bundle(bundle: Bundle, path: str | Path, check: Check | None = None) -
         return data[HEADER_SIZE - 32 : HEADER_SIZE].hex()
     digest: list[str] = []
 
-    def write(f) -> None:
+    def write(f: BinaryIO) -> None:
         final = _write_with_parameters(bundle, f)
         if check is not None:
             check(final, f.tell())
@@ -347,7 +302,7 @@ def write_bundle(bundle: Bundle, path: str | Path, check: Check | None = None) -
     return digest[0]
 
 
-def _write_with_parameters(bundle: Bundle, f) -> bytes:
+def _write_with_parameters(bundle: Bundle, f: BinaryIO) -> bytes:
     """Write the bundle and its parameter section into `f`; the header and payload written."""
     placed, size = layout(bundle.parameter_data)
     records = tuple(replace(k, parameters=placed.get(k.name, ())) for k in bundle.kernels)
@@ -413,7 +368,7 @@ def decode_file(path: str | Path, data: bytes, validated: Callable[[str], bool] 
         raise type(exc)(f"{path}: {exc}") from None
 
 
-def _format(minor: int = FORMAT_MINOR) -> framing.Format:
+def file_format(minor: int = FORMAT_MINOR) -> framing.Format:
     """The bundle file format (written as `minor`; read up to `FORMAT_MINOR`), with the reader limits as they are now."""
     return framing.Format(
         "bundle",
@@ -435,7 +390,7 @@ def _format(minor: int = FORMAT_MINOR) -> framing.Format:
 def decode(data: bytes, validated: Callable[[str], bool] | None = None, file_size: int | None = None) -> Bundle:
     """Parse and check bundle bytes: a whole file, or its first bytes (`read_bundle_head`)
     and the file's size (see `read_bundle` for `validated`)."""
-    version, digest, document, end = framing.unpack_prefix(_format(), data)
+    version, digest, document, end = framing.unpack_prefix(file_format(), data)
     file_size = len(data) if file_size is None else file_size
     skip = validated is not None and validated(digest)
     meta, blobs = framing.meta_and_blobs(document, "bundle", MalformedBundleError, validate=not skip)
@@ -453,7 +408,7 @@ def decode(data: bytes, validated: Callable[[str], bool] | None = None, file_siz
 
 
 def _check_parameters(
-    meta: dict, version: tuple[int, int], kernels: tuple[KernelRecord, ...], data: bytes, end: int, file_size: int
+    meta: dict[str, Any], version: tuple[int, int], kernels: tuple[KernelRecord, ...], data: bytes, end: int, file_size: int
 ) -> ParameterSection | None:
     """The parameter section, its layout checked against the records and the file size;
     None when there is none (then nothing may follow the payload)."""
@@ -474,13 +429,13 @@ def _check_parameters(
     return section
 
 
-def _check_names(meta: dict) -> None:
+def _check_names(meta: dict[str, Any]) -> None:
     names = [k["name"] for k in meta["kernels"]]
     if len(names) != len(set(names)):
         raise MalformedBundleError("two kernels share a name")
 
 
-def _check_blobs(meta: dict, blobs: dict[str, bytes]) -> None:
+def _check_blobs(meta: dict[str, Any], blobs: dict[str, bytes]) -> None:
     referenced: dict[str, int] = {}
     for kernel in meta["kernels"]:
         for item in list(kernel["stages"]) + list(kernel.get("native", ())):

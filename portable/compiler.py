@@ -11,7 +11,7 @@ from __future__ import annotations
 import ctypes
 import io
 import threading
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from portkern.base.errors import CompileError, brief
 from portkern.portable.interpreter import gil_enabled
@@ -44,7 +44,7 @@ _DIAGNOSTIC_CALLBACK = ctypes.CFUNCTYPE(
 _api_ready = False
 
 
-def _api():
+def _api() -> Any:
     """The ctypes handle of libIREECompiler with the unwrapped entry points typed."""
     global _api_ready
     from iree.compiler.api import ctypes_dl
@@ -141,7 +141,7 @@ class Compiler:
             finally:
                 inv.close()
 
-    def _run(self, module, from_phase: str, to_phase: str, name: str):
+    def _run(self, module: Any, from_phase: str, to_phase: str, name: str) -> tuple[Any, list[tuple[str, str]]]:
         _check_phase(from_phase)
         _check_phase(to_phase)
         lib = _api()
@@ -149,7 +149,7 @@ class Compiler:
         inv = self._session.invocation()
         diagnostics: list[tuple[str, str]] = []
 
-        def collect(severity, message, size, _user):
+        def collect(severity: int, message: bytes, size: int, _user: int | None) -> None:
             diagnostics.append((_SEVERITY.get(severity, "error"), ctypes.string_at(message, size).decode(errors="replace")))
 
         callback = _DIAGNOSTIC_CALLBACK(collect)
@@ -174,9 +174,9 @@ def operations(module: "ir.Module | ir.Operation") -> list["ir.Operation"]:
     """Every operation under `module` (itself first), in program order."""
     from iree.compiler import ir
 
-    found: list = []
+    found: list[Any] = []
 
-    def visit(op):
+    def visit(op: Any) -> Any:
         found.append(op)
         return ir.WalkResult.ADVANCE
 

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence, Union, cast
 
 from portkern.base.errors import ArgumentShapeError, ArgumentTypeError
+from portkern.base.records import from_plain, to_plain, wire
 
 #: One dimension: a size, or a symbol.
 Dim = Union[int, str]
@@ -51,11 +52,12 @@ class ShapeContract:
     results: tuple[tuple[Dim | None, ...], ...]
     origin: str = "ir"
     #: Per symbol, how its sizes are grouped into buckets (default "pow2"; see `bucket_of`).
-    buckets: Mapping[str, "Rule"] = field(default_factory=dict)
+    buckets: Mapping[str, "Rule"] = field(default_factory=dict, metadata=wire(omit=True))
     #: The arguments' names as the source states them (the source's `%names`, ONNX input names), when known.
-    names: tuple[str, ...] = ()
-    #: Beside `names`, an identifier per argument (`identifiers_for`); derived when not recorded.
-    identifiers: tuple[str, ...] = ()
+    names: tuple[str, ...] = field(default=(), metadata=wire(omit=True))
+    #: Beside `names`, an identifier per argument (`identifiers_for`); derived when not recorded
+    #: (recorded only for names outside what bundle formats before 1.3 hold).
+    identifiers: tuple[str, ...] = field(default=(), metadata=wire(omit=lambda contract: not contract.free_names))
 
     def __post_init__(self) -> None:
         if self.names and not self.identifiers:
@@ -125,27 +127,13 @@ class ShapeContract:
                 return int(name[len(prefix):])
         return None
 
-    def to_dict(self) -> dict:
-        data = {"inputs": [list(s) for s in self.inputs], "results": [list(s) for s in self.results], "origin": self.origin}
-        if self.buckets:
-            data["buckets"] = {k: (v if isinstance(v, str) else list(v)) for k, v in self.buckets.items()}
-        if self.names:
-            data["names"] = list(self.names)
-            if self.free_names:
-                data["identifiers"] = list(self.identifiers)
-        return data
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "ShapeContract":
+    def from_dict(cls, data: Mapping[str, Any]) -> "ShapeContract":
         """A contract from a bundle record (already schema-checked)."""
-        return cls(
-            tuple(tuple(s) for s in data["inputs"]),
-            tuple(tuple(s) for s in data["results"]),
-            data.get("origin", "ir"),
-            {k: (v if isinstance(v, str) else tuple(v)) for k, v in data.get("buckets", {}).items()},
-            tuple(data.get("names", ())),
-            tuple(data.get("identifiers", ())),
-        )
+        return from_plain(cls, data)
 
     def problem(self, inputs: Sequence[Sequence[int | None]], results: Sequence[Sequence[int | None]]) -> str | None:
         """What makes this contract unfit for a signature with these shapes, or None."""
@@ -230,11 +218,11 @@ def escaped(name: str) -> str:
     return "'" + name.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
 
 
-def arrange(kernel: str, contract: "ShapeContract | None", count: int, args: Sequence, named: Mapping[str, object]) -> list:
+def arrange(kernel: str, contract: "ShapeContract | None", count: int, args: Sequence[Any], named: Mapping[str, Any]) -> list[Any]:
     """Positional arguments for a call that passes some by name (`k(x=..., w=...)`, or
     `k(**{"gpu_0/data_0": x})`): the model's names, their identifiers, or `arg0`, ...;
     ArgumentTypeError for an unknown, repeated or missing one."""
-    slots: list = list(args) + [_MISSING] * max(0, count - len(args))
+    slots: list[Any] = list(args) + [_MISSING] * max(0, count - len(args))
     if len(args) > count:
         raise ArgumentTypeError(f"{kernel}() takes {count} arguments, {len(args)} were given")
     probe = contract if contract is not None else ShapeContract(tuple(() for _ in range(count)), ())
@@ -279,7 +267,8 @@ def _bucket(symbol: str, size: int, rule: Rule) -> str:
     if rule == "pow2":
         bound = 1 << max(0, int(size) - 1).bit_length()
         return f"{symbol}<={bound}" if bound <= POW2_MAX else f"{symbol}>{POW2_MAX}"
-    for bound in rule:
+    bounds = cast(tuple[int, ...], rule)  # neither "exact" nor "pow2": ascending bounds
+    for bound in bounds:
         if size <= bound:
             return f"{symbol}<={bound}"
-    return f"{symbol}>{rule[-1]}"
+    return f"{symbol}>{bounds[-1]}"

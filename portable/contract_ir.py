@@ -19,17 +19,14 @@ import re
 import warnings
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, cast
 
 from portkern.base.errors import BuildError, CompileError
 from portkern.portable.bundle import Signature
 from portkern.portable.compiler import Compiler, operations
-from portkern.portable.contract import SYMBOL, Dim, ShapeContract, UncheckedShapesWarning, escaped, identifiers_for
+from portkern.portable.contract import SYMBOL, Dim, Rule, ShapeContract, UncheckedShapesWarning, escaped, identifiers_for
 from portkern.portable.manifest import KernelSpec
 from portkern.portable.onnx_parameters import load_graph
-
-if TYPE_CHECKING:
-    from iree.compiler import ir
 
 #: The phase analysed: after the frontends' own lowering, before IREE's global optimisations.
 ANALYSED_PHASE = "input"
@@ -38,7 +35,9 @@ SYMBOL_NAMES = ("M", "K", "N", "L", "P", "Q", "R", "S", "T", "U", "V", "W")
 _PASS_THROUGH = ("tensor.cast", "arith.index_cast", "arith.index_castui")
 _IGNORED = ("cf.assert", "linalg.yield", "util.return", "func.return", "hal.tensor.export", "util.global.load")
 
-Atom = Hashable
+#: A dimension or index the analysis relates: ("in", i, axis), ("out", k, axis), ("v", value, axis),
+#: ("i", value), or (("loop", op), position), where `value` and `op` are IR objects.
+Atom = tuple[Any, ...]
 #: Describes an ("in", i, axis) / ("out", k, axis) atom for messages.
 Where = Callable[[Atom], str]
 
@@ -77,9 +76,9 @@ def build_contract(spec: KernelSpec, compiler: Compiler, source: bytes | str, en
     return contract
 
 
-def bucket_rules(spec: KernelSpec, contract: ShapeContract) -> dict:
+def bucket_rules(spec: KernelSpec, contract: ShapeContract) -> dict[str, Rule]:
     """The manifest's `buckets:` rules, for symbols the contract has."""
-    rules = {}
+    rules: dict[str, Rule] = {}
     for symbol, rule in (spec.options.get("buckets") or {}).items():
         if symbol not in contract.symbols:
             known = ", ".join(contract.symbols) or "none"
@@ -118,7 +117,7 @@ def _balanced(text: str, start: int) -> str:
     return ""
 
 
-def stated_shapes(spec: KernelSpec, inputs: Sequence[str], results: Sequence[str], signature: Signature) -> dict:
+def stated_shapes(spec: KernelSpec, inputs: Sequence[str], results: Sequence[str], signature: Signature) -> dict[Atom, Dim]:
     """The manifest's `shapes:` as atoms -> size or symbol, checked against the signature."""
     shapes = spec.options.get("shapes") or {}
     names = {name: ("in", i) for i, name in enumerate(identifiers_for(inputs))}
@@ -127,7 +126,7 @@ def stated_shapes(spec: KernelSpec, inputs: Sequence[str], results: Sequence[str
     names.update({name: ("out", k) for k, name in enumerate(results)})
     names.update({f"arg{i}": ("in", i) for i in range(len(inputs))})
     names.update({f"result{k}": ("out", k) for k in range(len(results))})
-    stated: dict = {}
+    stated: dict[Atom, Dim] = {}
     for name, dims in shapes.items():
         if name not in names:
             raise BuildError(
@@ -147,12 +146,12 @@ def stated_shapes(spec: KernelSpec, inputs: Sequence[str], results: Sequence[str
     return stated
 
 
-def onnx_dim_params(spec: KernelSpec) -> dict:
+def onnx_dim_params(spec: KernelSpec) -> dict[Atom, Dim]:
     """An ONNX model's named dynamic dimensions (`dim_param`) as atoms -> symbols."""
     graph = _onnx_graph(spec.source)
     if graph is None:
         return {}
-    stated = {}
+    stated: dict[Atom, Dim] = {}
     for side, values in (("in", graph[0]), ("out", graph[1])):
         for index, (_, params) in enumerate(values):
             for axis, param in enumerate(params):
@@ -162,7 +161,7 @@ def onnx_dim_params(spec: KernelSpec) -> dict:
     return stated
 
 
-def _onnx_graph(path: Path) -> tuple[list, list] | None:
+def _onnx_graph(path: Path) -> tuple[list[tuple[str, list[str]]], list[tuple[str, list[str]]]] | None:
     """(name, dim_params) of an ONNX graph's inputs (initializers left out) and outputs; None without `onnx`."""
     try:
         model = load_graph(path)
@@ -170,7 +169,7 @@ def _onnx_graph(path: Path) -> tuple[list, list] | None:
         return None
     initializers = {t.name for t in model.graph.initializer}
 
-    def describe(values):
+    def describe(values: Any) -> list[tuple[str, list[str]]]:
         return [(v.name, [d.dim_param for d in v.type.tensor_type.shape.dim]) for v in values if v.name not in initializers]
 
     return describe(model.graph.input), describe(model.graph.output)
@@ -180,11 +179,11 @@ def _onnx_graph(path: Path) -> tuple[list, list] | None:
 class Groups:
     """Union-find over dimension atoms, with what each group holds."""
 
-    parent: dict = field(default_factory=dict)
+    parent: dict[Atom, Atom] = field(default_factory=dict)
     #: Per group root: a size it is fixed to.
-    size: dict = field(default_factory=dict)
+    size: dict[Atom, int] = field(default_factory=dict)
     #: Group roots related to other dimensions by something a contract cannot state, with why.
-    opaque: dict = field(default_factory=dict)
+    opaque: dict[Atom, str] = field(default_factory=dict)
 
     def find(self, atom: Atom) -> Atom:
         self.parent.setdefault(atom, atom)
@@ -215,14 +214,14 @@ class Derivation:
     """The groups found in a kernel's IR: what ties which argument and result dimensions."""
 
     #: Per argument and dimension: its group (None for a static dimension).
-    inputs: tuple[tuple[Hashable | None, ...], ...]
-    results: tuple[tuple[Hashable | None, ...], ...]
+    inputs: tuple[tuple[Atom | None, ...], ...]
+    results: tuple[tuple[Atom | None, ...], ...]
     #: Why the groups do not capture everything the kernel needs (None when they do).
     unexpressible: str | None
     groups: Groups
     signature: Signature
     #: Group root -> the symbol a stated contract gives it.
-    names: dict = field(default_factory=dict)
+    names: dict[Atom, str] = field(default_factory=dict)
 
 
 def derive(compiler: Compiler, source: bytes | str, entry: str, signature: Signature, name: str) -> Derivation:
@@ -240,7 +239,7 @@ def derive(compiler: Compiler, source: bytes | str, entry: str, signature: Signa
     return _Walker(signature).run(func)
 
 
-def _generalize(compiler: Compiler, module) -> None:
+def _generalize(compiler: Compiler, module: Any) -> None:
     from iree.compiler import passmanager
 
     with compiler.context:
@@ -251,12 +250,12 @@ class _Walker:
     def __init__(self, signature: Signature) -> None:
         self.signature = signature
         self.groups = Groups()
-        self.constants: dict = {}
-        self.exported: dict = {}
-        self.results: list = []
+        self.constants: dict[Any, int] = {}
+        self.exported: dict[Any, Any] = {}
+        self.results: list[Any] = []
         self.unknown: list[str] = []
 
-    def run(self, func) -> Derivation:
+    def run(self, func: Any) -> Derivation:
         from iree.compiler import ir
 
         args = [a for a in func.regions[0].blocks[0].arguments if _is_tensor(a.type) or "buffer_view" in str(a.type)]
@@ -292,7 +291,7 @@ class _Walker:
 
     # -- atoms --------------------------------------------------------------
 
-    def _tensor(self, value, atoms: Sequence[Atom]) -> None:
+    def _tensor(self, value: Any, atoms: Sequence[Atom]) -> None:
         """Tie each dimension of a tensor value to an atom."""
         for axis, atom in enumerate(atoms):
             self.groups.union(("v", value, axis), atom)
@@ -301,7 +300,7 @@ class _Walker:
             if not value.type.is_dynamic_dim(axis):
                 self.groups.fix(("v", value, axis), size)
 
-    def _dims(self, value) -> list[Atom]:
+    def _dims(self, value: Any) -> list[Atom]:
         if not _is_tensor(value.type):
             return []
         atoms = [("v", value, axis) for axis in range(value.type.rank)]
@@ -310,7 +309,7 @@ class _Walker:
                 self.groups.fix(atoms[axis], value.type.get_dim_size(axis))
         return atoms
 
-    def _opaque(self, op, why: str) -> None:
+    def _opaque(self, op: Any, why: str) -> None:
         """Every dynamic dimension and index an op touches is related to others in a way we cannot state."""
         for value in itertools.chain(op.operands, op.results):
             if _is_tensor(value.type):
@@ -322,7 +321,7 @@ class _Walker:
 
     # -- ops ----------------------------------------------------------------
 
-    def _op(self, op, ir) -> None:
+    def _op(self, op: Any, ir: Any) -> None:
         name = op.name
         if name in _IGNORED:
             if name == "hal.tensor.export":
@@ -384,7 +383,7 @@ class _Walker:
             self._opaque(op, f"the op {name}")
             self.unknown.append(name)
 
-    def _return(self, op) -> None:
+    def _return(self, op: Any) -> None:
         values = [self.exported.get(v, v) for v in op.operands]
         values = [v for v in values if _is_tensor(v.type)]
         self.results = values
@@ -392,7 +391,7 @@ class _Walker:
             for axis, atom in enumerate(self._dims(value)):
                 self.groups.union(("out", k, axis), atom)
 
-    def _reshape(self, op, ir) -> None:
+    def _reshape(self, op: Any, ir: Any) -> None:
         source, result = op.operands[0], op.results[0]
         expand = op.name == "tensor.expand_shape"
         wide, narrow = (result, source) if expand else (source, result)
@@ -414,7 +413,7 @@ class _Walker:
                 for a in group if expand else ():
                     self.groups.mark(wide_dims[a], why)
 
-    def _structured(self, op, ir) -> None:
+    def _structured(self, op: Any, ir: Any) -> None:
         maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
         operands = list(op.operands)[: len(maps)]
         loop = ("loop", op)
@@ -433,13 +432,13 @@ class _Walker:
                 self.groups.union(a, b)
 
 
-def _is_tensor(mlir_type) -> bool:
+def _is_tensor(mlir_type: Any) -> bool:
     from iree.compiler import ir
 
     return isinstance(mlir_type, ir.RankedTensorType)
 
 
-def _is_index_like(mlir_type) -> bool:
+def _is_index_like(mlir_type: Any) -> bool:
     from iree.compiler import ir
 
     return isinstance(mlir_type, (ir.IndexType, ir.IntegerType))
@@ -448,7 +447,7 @@ def _is_index_like(mlir_type) -> bool:
 # --- from groups to a contract -------------------------------------------------
 
 
-def apply_stated(derivation: Derivation, stated: Mapping[tuple, Dim], where: Where) -> None:
+def apply_stated(derivation: Derivation, stated: Mapping[Atom, Dim], where: Where) -> None:
     """Add a stated contract's ties and sizes to the derived groups, or BuildError where it
     contradicts the IR: a size the IR fixes otherwise, or two dimensions the IR makes equal
     given different symbols.
@@ -456,7 +455,7 @@ def apply_stated(derivation: Derivation, stated: Mapping[tuple, Dim], where: Whe
     `stated` maps ("in", i, axis) / ("out", k, axis) to a size or a symbol.
     """
     groups = derivation.groups
-    seen: dict = {}
+    seen: dict[Atom, tuple[Atom, Dim]] = {}
     for atom, dim in stated.items():
         root = groups.find(atom)
         if isinstance(dim, int) and groups.size.get(root, dim) != dim:
@@ -468,7 +467,7 @@ def apply_stated(derivation: Derivation, stated: Mapping[tuple, Dim], where: Whe
                 f"but the IR makes them equal"
             )
         seen.setdefault(root, (atom, dim))
-    first: dict = {}
+    first: dict[str, Atom] = {}
     for atom, dim in stated.items():
         if isinstance(dim, int):
             groups.fix(atom, dim)
@@ -506,7 +505,8 @@ def contract_of(derivation: Derivation, origin: str = "ir") -> ShapeContract:
 
     signature = derivation.signature
     inputs = tuple(
-        tuple(dim(("in", i, axis), size, True) for axis, size in enumerate(spec.shape)) for i, spec in enumerate(signature.inputs)
+        # an input dimension always gets a size or a symbol
+        tuple(cast(Dim, dim(("in", i, axis), size, True)) for axis, size in enumerate(spec.shape)) for i, spec in enumerate(signature.inputs)
     )
     results = tuple(
         tuple(dim(("out", k, axis), size, False) for axis, size in enumerate(spec.shape)) for k, spec in enumerate(signature.results)

@@ -39,7 +39,8 @@ def numpy_dtype(name: str) -> np.dtype:
     if name in EXTENDED:
         import ml_dtypes
 
-        return np.dtype(getattr(ml_dtypes, name))
+        scalar: type[np.generic] = getattr(ml_dtypes, name)
+        return np.dtype(scalar)
     return np.dtype(name)
 
 

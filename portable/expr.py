@@ -18,7 +18,7 @@ from __future__ import annotations
 import ast
 import operator
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence, cast
 
 from portkern.base.errors import LaunchSpecError
 
@@ -125,7 +125,7 @@ def parse(text: str | int, *, condition: bool = False) -> Expr:
     return Expr(source, frozenset(symbols), frozenset(dims), condition, tree)
 
 
-def _check(node: ast.AST, source: str, symbols: set, dims: set) -> None:
+def _check(node: ast.AST, source: str, symbols: set[str], dims: set[tuple[str, int]]) -> None:
     if isinstance(node, ast.Constant):
         if type(node.value) is not int:
             raise LaunchSpecError(f"`{source}`: only integer literals are allowed, not {node.value!r}")
@@ -171,7 +171,7 @@ def _is_dim(node: ast.AST) -> bool:
     )
 
 
-def _evaluate(node: ast.AST, symbols: Mapping[str, int], shapes: Mapping[str, Sequence[int]], source: str):
+def _evaluate(node: ast.AST, symbols: Mapping[str, int], shapes: Mapping[str, Sequence[int]], source: str) -> int:
     if isinstance(node, ast.Compare):
         left = _evaluate(node.left, symbols, shapes, source)
         for op, right_node in zip(node.ops, node.comparators):
@@ -181,7 +181,7 @@ def _evaluate(node: ast.AST, symbols: Mapping[str, int], shapes: Mapping[str, Se
             left = right
         return True
     if isinstance(node, ast.Constant):
-        return node.value
+        return cast(int, node.value)  # `_check` admits no other constant
     if isinstance(node, ast.Name):
         if node.id not in symbols:
             raise LaunchSpecError(f"`{source}`: {node.id} has no value")

@@ -14,7 +14,7 @@ resumes. Target attributes live at exactly these places in an IREE module:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from portkern.base.errors import BuildError, CompileError, brief
 from portkern.portable.compiler import operations
@@ -132,7 +132,7 @@ def replace(module: "ir.Module | ir.Operation", fam: Family, executable_target: 
     return len(sites)
 
 
-def _attribute(text: str, context) -> "ir.Attribute":
+def _attribute(text: str, context: Any) -> "ir.Attribute":
     from iree.compiler import ir
 
     try:

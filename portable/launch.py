@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from portkern.base.errors import LaunchSpecError, MalformedBundleError
+from portkern.base.records import to_plain, wire
 from portkern.portable import expr
 from portkern.portable.bundle import KernelRecord, Signature, TensorSpec
 from portkern.schemas import schema
@@ -64,24 +65,36 @@ _DEFINE_VALUE = re.compile(r"^[A-Za-z0-9_.+-]{0,64}$")
 MANIFEST_KEYS = ("args", "global", "local", "requires", "defines", "variants", "tune")
 
 
+#: Where in a manifest entry or bundle record a value lies: keys and list indices (`("args", 2, "shape", 0)`).
+KeyPath = tuple[str | int, ...]
+
+
 def dtypes() -> tuple[str, ...]:
     """The element types a bundle can describe."""
     return tuple(schema("bundle")["$defs"]["dtype"]["enum"])
 
 
-def _fail(where: tuple, message: str) -> LaunchSpecError:
+def _fail(where: KeyPath, message: str) -> LaunchSpecError:
     error = LaunchSpecError(message)
     error.where = where  # type: ignore[attr-defined]
     return error
 
 
-def where_of(error: LaunchSpecError) -> tuple:
+def where_of(error: LaunchSpecError) -> KeyPath:
     """The key path (e.g. `("args", 2, "shape", 0)`) an error is about."""
     return getattr(error, "where", ())
 
 
-def dotted(where: Sequence) -> str:
+def dotted(where: Sequence[str | int]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where).lstrip(".")
+
+
+def _texts(exprs: Sequence[expr.Expr]) -> list[str]:
+    return [e.text for e in exprs]
+
+
+def _text(e: expr.Expr) -> str:
+    return e.text
 
 
 @dataclass(frozen=True)
@@ -91,10 +104,11 @@ class LaunchArg:
     name: str
     dtype: str
     #: "in", "out" or "inout" for a buffer; None for a scalar.
-    role: str | None = None
-    shape: tuple[expr.Expr, ...] = ()
-    #: A scalar's value computed from shapes; None when the caller passes it.
-    value: expr.Expr | None = None
+    role: str | None = field(default=None, metadata=wire(omit=True))
+    #: A buffer's shape (written for buffers only).
+    shape: tuple[expr.Expr, ...] = field(default=(), metadata=wire(omit=lambda arg: not arg.is_buffer, encode=_texts))
+    #: A scalar's value computed from shapes; None when the caller passes it (written for scalars only).
+    value: expr.Expr | None = field(default=None, metadata=wire(omit=lambda arg: arg.is_buffer or arg.value is None, encode=_text))
 
     @property
     def is_buffer(self) -> bool:
@@ -109,14 +123,8 @@ class LaunchArg:
     def is_output(self) -> bool:
         return self.role in ("out", "inout")
 
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {"name": self.name, "dtype": self.dtype}
-        if self.is_buffer:
-            data["role"] = self.role
-            data["shape"] = [e.text for e in self.shape]
-        elif self.value is not None:
-            data["value"] = self.value.text
-        return data
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
 
 @dataclass(frozen=True)
@@ -130,22 +138,15 @@ class Variant:
     #: Indices into the kernel record's stages (empty before the build).
     stages: tuple[int, ...] = ()
     #: The point of the parameter space this variant is built for, in the space's order (empty: no space).
-    params: tuple[tuple[str, int], ...] = ()
+    params: tuple[tuple[str, int], ...] = field(default=(), metadata=wire(omit=True))
 
     @property
     def config(self) -> str:
         """The kernel config string naming this point (tuning records and cache keys hold it)."""
         return point_config(self.params)
 
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {
-            "subgroup_size": self.subgroup_size,
-            "local": None if self.local is None else list(self.local),
-            "stages": list(self.stages),
-        }
-        if self.params:
-            data["params"] = [[name, value] for name, value in self.params]
-        return data
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
 
 def point_text(params: Sequence[tuple[str, int]]) -> str:
@@ -172,11 +173,11 @@ class Launch:
     """A checked launch description."""
 
     args: tuple[LaunchArg, ...]
-    global_size: tuple[expr.Expr, ...]
-    requires: tuple[expr.Expr, ...] = ()
+    global_size: tuple[expr.Expr, ...] = field(metadata=wire(name="global", encode=_texts))
+    requires: tuple[expr.Expr, ...] = field(default=(), metadata=wire(encode=_texts))
     variants: tuple[Variant, ...] = ()
-    #: Symbol values of the shapes a parameter space is tuned at (`tune: at:`).
-    tune_at: tuple[tuple[str, int], ...] = ()
+    #: Symbol values of the shapes a parameter space is tuned at (`tune: at:`), written as a mapping.
+    tune_at: tuple[tuple[str, int], ...] = field(default=(), metadata=wire(omit=True, encode=dict))
 
     @property
     def tunable(self) -> bool:
@@ -233,19 +234,12 @@ class Launch:
 
         return Signature(tuple(spec(a) for a in self.inputs), tuple(spec(a) for a in self.outputs))
 
-    def to_dict(self) -> dict:
-        data: dict[str, Any] = {
-            "args": [a.to_dict() for a in self.args],
-            "global": [e.text for e in self.global_size],
-            "requires": [e.text for e in self.requires],
-            "variants": [v.to_dict() for v in self.variants],
-        }
-        if self.tune_at:
-            data["tune_at"] = dict(self.tune_at)
-        return data
+    def to_dict(self) -> dict[str, Any]:
+        """The description as bundle metadata (`from_dict` reads it back, checking it)."""
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Launch":
+    def from_dict(cls, data: Mapping[str, Any]) -> "Launch":
         """A launch description from a bundle record (already schema-checked), checked again."""
         variants = tuple(
             Variant(
@@ -283,15 +277,18 @@ def from_manifest(options: Mapping[str, Any], kind: str, source: Path) -> tuple[
     local = _local(options.get("local"), ("local",))
     defines = _defines(options.get("defines"), ("defines",), kind)
     specs = options.get("variants")
+    variants: tuple[Variant, ...]
+    sources: tuple[VariantSource, ...]
     if not specs:
         variants = (Variant(None, local),)
         sources = (VariantSource(source, defines),)
     else:
-        variants, built = [], []
+        listed: list[Variant] = []
+        built: list[VariantSource] = []
         for index, item in enumerate(specs):
-            at = ("variants", index)
+            at: KeyPath = ("variants", index)
             size = item.get("subgroup_size")
-            variants.append(Variant(size, _local(item["local"], at + ("local",)) if "local" in item else local))
+            listed.append(Variant(size, _local(item["local"], at + ("local",)) if "local" in item else local))
             extra = _defines(item.get("defines"), at + ("defines",), kind)
             path = source
             if "source" in item:
@@ -299,7 +296,7 @@ def from_manifest(options: Mapping[str, Any], kind: str, source: Path) -> tuple[
                 if not path.is_absolute() or not path.is_file():
                     raise _fail(at + ("source",), f"no such file {item['source']!r} (looked for {path})")
             built.append(VariantSource(path, defines + extra + (("PORTKERN_SUBGROUP_SIZE", str(size)),)))
-        variants, sources = tuple(variants), tuple(built)
+        variants, sources = tuple(listed), tuple(built)
         if any(v.subgroup_size is None for v in variants):
             raise _fail(("variants",), "every variant needs a `subgroup_size`")
     _check_variants(variants, launch.global_size)
@@ -394,7 +391,9 @@ def _tune_at(value: Any, launch: Launch) -> tuple[tuple[str, int], ...]:
     return at
 
 
-def _point(point: tuple[tuple[str, int], ...], restrict, local, launch: Launch, at) -> Variant | None:
+def _point(
+    point: tuple[tuple[str, int], ...], restrict: Sequence[expr.Expr], local: Sequence[expr.Expr] | None, launch: Launch, at: tuple[tuple[str, int], ...]
+) -> Variant | None:
     """The variant of a point, None when the point is not valid: a restriction fails, its work-group
     is empty or too large, or at the tuning shapes its launch breaks `requires` or is not whole work-groups."""
     values = dict(point)
@@ -442,7 +441,7 @@ def launch_of(record: KernelRecord) -> Launch:
 # --- checks shared by manifests and bundles ----------------------------------
 
 
-def _common(data: Mapping, params: frozenset[str] = frozenset()) -> Launch:
+def _common(data: Mapping[str, Any], params: frozenset[str] = frozenset()) -> Launch:
     """Arguments, global size and conditions, checked; variants left empty. `params` (a parameter
     space's names) may appear in the global size, conditions and scalar values, not in shapes."""
     raw_args = data.get("args")
@@ -475,7 +474,7 @@ def _symbols(args: Sequence[LaunchArg]) -> frozenset[str]:
     return frozenset(d.text for a in args if a.is_buffer and a.is_input for d in a.shape if d.is_symbol)
 
 
-def _arg(item: Any, at: tuple) -> LaunchArg:
+def _arg(item: Any, at: KeyPath) -> LaunchArg:
     if not isinstance(item, Mapping):
         raise _fail(at, "an argument must be a mapping with name and dtype")
     unknown = sorted(set(item) - {"name", "dtype", "role", "shape", "value"})
@@ -502,20 +501,20 @@ def _arg(item: Any, at: tuple) -> LaunchArg:
     return LaunchArg(name, dtype, role, tuple(_parse(d, at + ("shape", k)) for k, d in enumerate(shape)))
 
 
-def _parse(text: Any, at: tuple, condition: bool = False) -> expr.Expr:
+def _parse(text: Any, at: KeyPath, condition: bool = False) -> expr.Expr:
     try:
         return expr.parse(text, condition=condition)
     except LaunchSpecError as exc:
         raise _fail(at, str(exc)) from None
 
 
-def _exprs(items: Any, at: tuple, least: int, most: int, condition: bool) -> tuple[expr.Expr, ...]:
+def _exprs(items: Any, at: KeyPath, least: int, most: int, condition: bool) -> tuple[expr.Expr, ...]:
     if not isinstance(items, list) or not least <= len(items) <= most:
         raise _fail(at, f"needs a list of {least} to {most} {'conditions' if condition else 'expressions'}")
     return tuple(_parse(item, at + (i,), condition) for i, item in enumerate(items))
 
 
-def _check_refs(item: expr.Expr, symbols: frozenset[str], shapes: Mapping[str, int], at: tuple, binds: str = "no input shape binds") -> None:
+def _check_refs(item: expr.Expr, symbols: frozenset[str], shapes: Mapping[str, int], at: KeyPath, binds: str = "no input shape binds") -> None:
     unbound = sorted(item.symbols - symbols)
     if unbound:
         known = ", ".join(sorted(symbols)) or "none"
@@ -527,7 +526,7 @@ def _check_refs(item: expr.Expr, symbols: frozenset[str], shapes: Mapping[str, i
             raise _fail(at, f"`{item}` reads {arg}.shape[{axis}], but {arg} has {shapes[arg]} dimensions")
 
 
-def _local(value: Any, at: tuple) -> tuple[int, ...] | None:
+def _local(value: Any, at: KeyPath) -> tuple[int, ...] | None:
     if value is None:
         return None
     if (
@@ -539,7 +538,7 @@ def _local(value: Any, at: tuple) -> tuple[int, ...] | None:
     return tuple(value)
 
 
-def _defines(value: Any, at: tuple, kind: str) -> tuple[tuple[str, str], ...]:
+def _defines(value: Any, at: KeyPath, kind: str) -> tuple[tuple[str, str], ...]:
     if value is None:
         return ()
     if kind != "opencl":

@@ -9,17 +9,18 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from portkern.base.errors import BuildError, CompileError, brief
+from portkern.portable import onnx_semantics
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
 from portkern.portable.dtypes import BY_ELEMENT
 from portkern.portable.manifest import KernelSpec
+from portkern.portable.onnx_limits import check_model
+from portkern.portable.onnx_model import failing_operator
 from portkern.portable.onnx_parameters import has_external_data, importer_flags, is_large, load_kernel_graph, opset_of, parameter_data
 from portkern.portable.parameters import ParameterData, referenced
-from portkern.portable.onnx_limits import check_model
-from portkern.portable import onnx_semantics
-from portkern.portable.onnx_model import failing_operator
 from portkern.portable.producer import Producer, current_producer
 from portkern.portable.torch_import import import_torch
 
@@ -129,7 +130,7 @@ def import_onnx(path: Path, large: bool = False, shown: Path | None = None) -> b
     raise BuildError(f"{shown}: ONNX import failed: {errors[0]}")
 
 
-def find_entry(module, spec: KernelSpec) -> tuple[str, Signature]:
+def find_entry(module: Any, spec: KernelSpec) -> tuple[str, Signature]:
     """The entry function's name and signature in a source module."""
     from iree.compiler import ir
 
@@ -157,7 +158,7 @@ def find_entry(module, spec: KernelSpec) -> tuple[str, Signature]:
     return name, _signature(public[name], spec)
 
 
-def _signature(func, spec: KernelSpec) -> Signature:
+def _signature(func: Any, spec: KernelSpec) -> Signature:
     from iree.compiler import ir
 
     ftype = ir.TypeAttr(func.attributes["function_type"]).value
@@ -166,7 +167,7 @@ def _signature(func, spec: KernelSpec) -> Signature:
     return Signature(inputs, results)
 
 
-def _tensor(mlir_type, what: str, spec: KernelSpec) -> TensorSpec:
+def _tensor(mlir_type: Any, what: str, spec: KernelSpec) -> TensorSpec:
     from iree.compiler import ir
 
     if isinstance(mlir_type, ir.RankedTensorType):

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
 from portkern.base.errors import LaunchSpecError, ManifestError, brief, did_you_mean
 from portkern.base.framing import read_bounded
 from portkern.schemas import validator
+
+if TYPE_CHECKING:
+    from portkern.portable.launch import KeyPath
 
 #: Source suffix -> kernel kind, for kernels whose manifest entry names no kind.
 KIND_BY_SUFFIX = {".mlir": "mlir", ".mlirbc": "mlir", ".onnx": "onnx", ".pt2": "torch", ".cl": "opencl", ".spv": "spirv"}
@@ -61,7 +64,7 @@ def parse_manifest(text: str, path: Path) -> Manifest:
         raise ManifestError(_yaml_problem(exc, text, path)) from None
     if root is None:
         raise ManifestError(f"{path}: manifest is empty")
-    lines: dict[tuple, int] = {}
+    lines: dict[KeyPath, int] = {}
     data = _to_python(root, (), lines, path)
     for error in sorted(validator("manifest").iter_errors(data), key=lambda e: list(e.absolute_path)):
         where = tuple(error.absolute_path)
@@ -78,7 +81,7 @@ def parse_manifest(text: str, path: Path) -> Manifest:
     return Manifest(path, data["bundle"], kernels, tuple(data.get("targets", ("cpu",))))
 
 
-def _kernel(entry: dict, index: int, lines: dict, path: Path) -> KernelSpec:
+def _kernel(entry: dict[str, Any], index: int, lines: dict[KeyPath, int], path: Path) -> KernelSpec:
     line = _line(lines, ("kernels", index))
     source = (path.parent / entry["source"]).resolve()
     kind = entry.get("kind") or KIND_BY_SUFFIX.get(source.suffix)
@@ -98,7 +101,7 @@ def _kernel(entry: dict, index: int, lines: dict, path: Path) -> KernelSpec:
     return KernelSpec(entry["name"], source, kind, entry.get("entry"), line, options)
 
 
-def _check_launch(kind: str, source: Path, options: dict, index: int, lines: dict, path: Path) -> None:
+def _check_launch(kind: str, source: Path, options: dict[str, Any], index: int, lines: dict[KeyPath, int], path: Path) -> None:
     """OpenCL and SPIR-V kernels need a valid launch description; other kinds take none.
 
     Variant sources are resolved (relative to the manifest) in `options`.
@@ -129,7 +132,7 @@ def _check_launch(kind: str, source: Path, options: dict, index: int, lines: dic
         raise ManifestError(f"{path}:{_line(lines, ('kernels', index) + where)}: {key}: {exc}") from None
 
 
-def _to_python(node: yaml.Node, where: tuple, lines: dict, path: Path) -> Any:
+def _to_python(node: yaml.Node, where: KeyPath, lines: dict[KeyPath, int], path: Path) -> Any:
     """Plain data from a YAML node, recording each value's line and refusing duplicate keys."""
     lines[where] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
@@ -161,13 +164,13 @@ def _yaml_problem(exc: yaml.YAMLError, text: str, path: Path) -> str:
     return f"{path}:{mark.line + 1}:{mark.column + 1}: not valid YAML: {problem}{started}{shown}"
 
 
-def _line(lines: dict, where: tuple) -> int:
+def _line(lines: dict[KeyPath, int], where: KeyPath) -> int:
     while where not in lines and where:
         where = where[:-1]
     return lines.get(where, 1)
 
 
-def _describe(where: tuple, error) -> str:
+def _describe(where: KeyPath, error: Any) -> str:
     dotted = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in where).lstrip(".") or "manifest"
     if error.validator == "additionalProperties":
         known = sorted(error.schema.get("properties", {}))

@@ -108,7 +108,8 @@ def _set_trans_b(node: Any) -> None:
 def _attribute(node: Any, name: str, default: int) -> int:
     for attribute in node.attribute:
         if attribute.name == name:
-            return attribute.i
+            value: int = attribute.i
+            return value
     return default
 
 

@@ -8,7 +8,7 @@ built and ran, and its results differed from onnx's reference beyond the case's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from portkern.base.errors import BuildError
 
@@ -19,13 +19,13 @@ class Use:
     each input ("" and None where an input is absent or its type unknown)."""
 
     op: str
-    attributes: dict
+    attributes: dict[str, Any]
     input_types: tuple[str, ...]
     input_ranks: tuple[int | None, ...]
     inputs: tuple[str, ...]
     constants: frozenset[str]
 
-    def attr(self, name: str, default=None):
+    def attr(self, name: str, default: Any = None) -> Any:
         value = self.attributes.get(name, default)
         return value.decode() if isinstance(value, bytes) else value
 

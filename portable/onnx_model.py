@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Any
 
 from portkern.portable.contract import identifier
 
@@ -28,7 +29,7 @@ def kernel_name(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text).strip("_") or "model"
 
 
-def as_kernel(model, name: str):
+def as_kernel(model: Any, name: str) -> Any:
     """A copy of an `onnx.ModelProto` with its graph named `name` (the entry function's name); its
     values keep their names, and the build prepares it like any ONNX source (`prepare`)."""
     import onnx
@@ -39,7 +40,7 @@ def as_kernel(model, name: str):
     return proto
 
 
-def prepare(model) -> bool:
+def prepare(model: Any) -> bool:
     """The one preparation of an ONNX model for IREE's importer, in place, whichever way it came in
     (a manifest's `.onnx` source, `portkern.onnx.prepare`): legacy per-channel PRelu slopes made
     explicit (`channel_slopes`) and asymmetric MaxPool padding made an explicit Pad (`explicit_pool_pads`).
@@ -49,7 +50,7 @@ def prepare(model) -> bool:
     return slopes or pads
 
 
-def channel_slopes(model) -> bool:
+def channel_slopes(model: Any) -> bool:
     """Before opset 7, a PRelu slope of shape [C] applies per channel (axis 1) of an input of any rank;
     from opset 7 it broadcasts from the last axis, which is what IREE's importer does after upgrading.
     Such a slope initializer is reshaped to [C, 1, ...] in place, which means the same in both.
@@ -78,7 +79,7 @@ def channel_slopes(model) -> bool:
     return changed
 
 
-def explicit_pool_pads(model) -> bool:
+def explicit_pool_pads(model: Any) -> bool:
     """A MaxPool whose padding differs at the two ends of an axis (Caffe2 exports write
     `pads: [0, 0, 1, 1]`) becomes a Pad with -inf followed by an unpadded MaxPool, in place: the
     same values, since every window keeps at least one element of the input. IREE 3.13 lowers
@@ -90,9 +91,11 @@ def explicit_pool_pads(model) -> bool:
 
     opset = _opset(model)
     graph = model.graph
-    lowest, types = _lowest(), None
+    lowest = _lowest()
+    types: dict[str, int] | None = None
     taken = {n for node in graph.node for n in (*node.input, *node.output)} | {t.name for t in graph.initializer}
-    nodes, changed = [], False
+    nodes: list[Any] = []
+    changed = False
     for node in graph.node:
         attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
         pads = list(attrs.get("pads") or [])
@@ -104,8 +107,8 @@ def explicit_pool_pads(model) -> bool:
         )
         if plain and opset >= 11 and types is None:
             types = _element_types(model)
-        element = types.get(node.input[0]) if plain and opset >= 11 else TensorProto.FLOAT
-        if not plain or element not in lowest:
+        element = types.get(node.input[0]) if types is not None and plain and opset >= 11 else TensorProto.FLOAT
+        if not plain or element is None or element not in lowest:
             nodes.append(node)
             continue
         padded = _fresh(f"{node.input[0]}.padded", taken)
@@ -129,11 +132,11 @@ def explicit_pool_pads(model) -> bool:
     return changed
 
 
-def _opset(model) -> int:
+def _opset(model: Any) -> int:
     return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=0)
 
 
-def _lowest() -> dict:
+def _lowest() -> dict[int, float]:
     """Element type -> the value a MaxPool's padding holds."""
     from onnx import TensorProto
 
@@ -141,7 +144,7 @@ def _lowest() -> dict:
     return {TensorProto.FLOAT: inf, TensorProto.DOUBLE: inf, TensorProto.FLOAT16: inf, TensorProto.INT8: -128, TensorProto.UINT8: 0}
 
 
-def _element_types(model) -> dict:
+def _element_types(model: Any) -> dict[str, int]:
     """Value name -> ONNX element type, from the model's declarations and shape inference."""
     import onnx
 
@@ -156,7 +159,7 @@ def _element_types(model) -> dict:
     return types
 
 
-def _fresh(name: str, taken: set) -> str:
+def _fresh(name: str, taken: set[str]) -> str:
     candidate, count = name, 1
     while candidate in taken:
         count += 1
@@ -165,13 +168,13 @@ def _fresh(name: str, taken: set) -> str:
     return candidate
 
 
-def graph_inputs(model) -> list[GraphInput]:
+def graph_inputs(model: Any) -> list[GraphInput]:
     """The inputs a caller passes, in order (initializers listed as inputs are left out)."""
     initializers = {t.name for t in model.graph.initializer}
     return [GraphInput(v.name, identifier(v.name)) for v in model.graph.input if v.name not in initializers]
 
 
-def operators(model) -> list[str]:
+def operators(model: Any) -> list[str]:
     """The graph's operator types (`domain.Op` outside the default domain), in first-use order."""
     seen: dict[str, None] = {}
     for node in model.graph.node:

@@ -12,6 +12,7 @@ external data file, piece by piece, so that the builder never holds the whole mo
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from portkern.base.errors import BuildError
 from portkern.portable.onnx_layout import TRANSPOSED_KEY, transpose_matmul_weights
 from portkern.portable.onnx_model import prepare
 from portkern.portable.onnx_wire import strip_initializers
-from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, bytes_pieces, file_pieces, transposed_file_pieces
+from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, Reader, bytes_pieces, file_pieces, transposed_file_pieces
 
 #: Initializers with at least this many elements become parameters (1 KiB of float32).
 ELEMENTS_THRESHOLD = 256
@@ -52,7 +53,7 @@ def load_graph(path: Path) -> Any:
         if stripped is not None:
             return onnx.load_model_from_string(stripped.model)
         return onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf raises several unrelated types
+    except Exception as exc:  # noqa: BLE001 - an untrusted file: protobuf and onnx raise several unrelated types
         raise BuildError(f"{path}: ONNX import failed: not a readable ONNX model ({type(exc).__name__}: {exc})") from None
 
 
@@ -88,7 +89,7 @@ def inline_small_tensors(model: Any, path: Path, threshold: int = ELEMENTS_THRES
     return count
 
 
-def _tensors(graph: Any):
+def _tensors(graph: Any) -> Iterator[Any]:
     """The graph's initializers and tensor attributes, subgraphs' included."""
     yield from graph.initializer
     for node in graph.node:
@@ -112,7 +113,7 @@ def has_external_data(model: Any, path: Path | None = None) -> bool:
     other than the model file itself, where `load_graph` leaves a large model's inline weights)."""
     from onnx.external_data_helper import uses_external_data
 
-    def elsewhere(tensor) -> bool:
+    def elsewhere(tensor: Any) -> bool:
         return path is None or any(e.key == "location" and e.value != path.name for e in tensor.external_data)
 
     return any(uses_external_data(t) and elsewhere(t) for t in model.graph.initializer)
@@ -150,7 +151,7 @@ def _itemsize(tensor: Any, path: Path) -> int:
 
     try:
         itemsize = helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    except Exception:
+    except KeyError:  # a type onnx does not know
         itemsize = 0
     if not itemsize or tensor.data_type == tensor.STRING:
         raise BuildError(f"{path}: initializer {tensor.name!r} has ONNX type {tensor.data_type}, which cannot be a parameter")
@@ -177,7 +178,7 @@ def _external(tensor: Any, path: Path, size: int) -> tuple[Path, int]:
     return location, offset
 
 
-def _reader(tensor: Any, path: Path, size: int, itemsize: int):
+def _reader(tensor: Any, path: Path, size: int, itemsize: int) -> Reader:
     from onnx import numpy_helper
     from onnx.external_data_helper import uses_external_data
 
@@ -191,7 +192,7 @@ def _reader(tensor: Any, path: Path, size: int, itemsize: int):
     if tensor.HasField("raw_data"):
         return lambda: bytes_pieces(tensor.raw_data)()
 
-    def typed():
+    def typed() -> Iterator[bytes | memoryview]:
         array = numpy_helper.to_array(tensor)
         return bytes_pieces(array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes())()
 

@@ -66,7 +66,21 @@ kernel computes what onnx's reference computes, on every ISA level it runs on.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
+from typing import TYPE_CHECKING, Any
+
 from portkern.base.errors import BuildError, brief
+
+if TYPE_CHECKING:
+    import numpy as np
+
+#: Value name -> TensorProto element type code.
+Types = dict[str, int]
+#: Value name -> a constant's (initializer's or Constant node's) array.
+Constants = dict[str, "np.ndarray"]
+#: Value name -> its dimensions (None where not known).
+Dims = dict[str, list["int | None"]]
 
 #: Integer element types (TensorProto codes) -> (bits, signed).
 _INTEGERS = {2: (8, False), 3: (8, True), 4: (16, False), 5: (16, True), 6: (32, True), 7: (64, True), 12: (32, False), 13: (64, False)}
@@ -87,7 +101,7 @@ _FLOAT, _BOOL = 1, 9
 _NAN_OPSET = 9
 
 
-def rewrite(model):
+def rewrite(model: Any) -> bool:
     """Rewrite `model` (an onnx ModelProto) in place as this module says; returns whether it changed.
     Subgraphs (If, Loop, Scan bodies) are rewritten too."""
     graphs = list(_graphs(model.graph))
@@ -100,7 +114,7 @@ def rewrite(model):
     ranked = {node.input[0] for g in graphs for node in g.node if _is_onnx(node) and node.op_type == "Hardmax" and node.input} if opset < 13 else set()
     types, ranks = _element_types(model, wanted, ranked)
 
-    def needs_opset_9(n) -> bool:
+    def needs_opset_9(n: Any) -> bool:
         code = types.get(n.input[0]) if n.input else None
         return code in _FLOATS or (n.op_type == "Pow" and code in _INTEGERS)
 
@@ -110,7 +124,7 @@ def rewrite(model):
     if opset < 11:
         divisions = [n for g in graphs for n in g.node if _is_onnx(n) and n.op_type in _DIVISIONS and len(n.input) == 2]
         if divisions:
-            known = {}
+            known: Constants = {}
             for g in graphs:
                 known.update(_constant_values(g, {v for n in divisions for v in n.input}))
             unsafe = [types.get(n.input[0]) or types.get(n.input[1]) for n in divisions if _unsafe_division(n, types, known)]
@@ -126,9 +140,10 @@ def rewrite(model):
     for graph in reversed(graphs):  # innermost first: an outer graph's new nodes are copies
         constants = _constant_values(graph, {name for node in graph.node if _is_onnx(node) and node.op_type in ("BitShift", "Clip", "Max", "Min", "Pow", "Pad", *_DIVISIONS) for name in node.input})
         producers = {out: node for node in graph.node for out in node.output}
-        nodes, rewritten = [], False
+        nodes: list[Any] = []
+        rewritten = False
         for node in graph.node:
-            replacement = None
+            replacement: list[Any] | None = None
             if _is_onnx(node) and node.op_type == "BitShift" and len(node.input) == 2:
                 replacement = _bitshift(node, types, constants, names)
             elif _is_onnx(node) and node.op_type in _NAN_OPS:
@@ -153,7 +168,7 @@ def rewrite(model):
     return changed
 
 
-def _upgrade(model, opset: int, need: str = "its NaN semantics need") -> None:
+def _upgrade(model: Any, opset: int, need: str = "its NaN semantics need") -> None:
     """Convert `model` in place to `opset` (onnx's version converter), or a BuildError."""
     from onnx import version_converter
 
@@ -167,11 +182,11 @@ def _upgrade(model, opset: int, need: str = "its NaN semantics need") -> None:
     model.CopyFrom(converted)
 
 
-def _is_onnx(node) -> bool:
+def _is_onnx(node: Any) -> bool:
     return node.domain in ("", "ai.onnx")
 
 
-def _graphs(graph):
+def _graphs(graph: Any) -> Iterator[Any]:
     """`graph` and every subgraph in it, outermost first."""
     yield graph
     for node in graph.node:
@@ -185,8 +200,8 @@ def _graphs(graph):
 class _Names:
     """Fresh value and node names, unused by the model."""
 
-    def __init__(self, graphs) -> None:
-        self.used = set()
+    def __init__(self, graphs: Iterable[Any]) -> None:
+        self.used: set[str] = set()
         for graph in graphs:
             self.used |= {v for node in graph.node for v in (*node.input, *node.output, node.name)}
             self.used |= {v.name for v in (*graph.input, *graph.output, *graph.initializer, *graph.value_info)}
@@ -200,7 +215,7 @@ class _Names:
         return name
 
 
-def _bitshift(node, types: dict, constants: dict, names: _Names) -> list | None:
+def _bitshift(node: Any, types: Types, constants: Constants, names: _Names) -> list[Any] | None:
     """The nodes that replace one BitShift node, or None where its shift amounts are all in range."""
     import numpy as np
     from onnx import helper, numpy_helper
@@ -247,7 +262,7 @@ def _bitshift(node, types: dict, constants: dict, names: _Names) -> list | None:
     return made
 
 
-def _nan(node, types: dict, ranks: dict, constants: dict, names: _Names, opset: int) -> list | None:
+def _nan(node: Any, types: Types, ranks: dict[str, int], constants: Constants, names: _Names, opset: int) -> list[Any] | None:
     """The nodes that give one Max, Min, Clip, Sign, ArgMax, ArgMin or Hardmax node onnx's NaN
     results, or None where its input is not floating-point (or the node needs none)."""
     from onnx import helper
@@ -273,7 +288,7 @@ def _nan(node, types: dict, ranks: dict, constants: dict, names: _Names, opset: 
     original.attribute.extend(node.attribute)
     made = [original]
 
-    def make(op_type: str, inputs: list, **attributes) -> str:
+    def make(op_type: str, inputs: list[str], **attributes: Any) -> str:
         out = names(f"{base}_nan_{op_type.lower()}")
         made.append(helper.make_node(op_type, inputs, [out], **attributes))
         return out
@@ -312,8 +327,8 @@ def _nan(node, types: dict, ranks: dict, constants: dict, names: _Names, opset: 
         mask = make("Cast", [make("IsNaN", [x])], to=_FLOAT)
         nan_at = make("ArgMax", [mask], **attributes)
     if opset >= 18:
-        from onnx import numpy_helper
         import numpy as np
+        from onnx import numpy_helper
 
         axes_name = names(f"{base}_nan_axes")
         made.append(helper.make_node("Constant", [], [axes_name], value=numpy_helper.from_array(np.array(axes, dtype=np.int64), axes_name)))
@@ -328,12 +343,13 @@ class _Builder:
     """New nodes for one rewritten node, named after it."""
 
     def __init__(self, base: str, names: _Names) -> None:
-        self.base, self.names, self.made = base.replace("/", "_"), names, []
+        self.base, self.names = base.replace("/", "_"), names
+        self.made: list[Any] = []
 
-    def node(self, node) -> None:
+    def node(self, node: Any) -> None:
         self.made.append(node)
 
-    def const(self, value, code: int) -> str:
+    def const(self, value: Any, code: int) -> str:
         import numpy as np
         from onnx import helper, numpy_helper
 
@@ -342,7 +358,7 @@ class _Builder:
         self.made.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(array, name)))
         return name
 
-    def ints(self, values, name: str = "indices") -> str:
+    def ints(self, values: Iterable[int], name: str = "indices") -> str:
         from onnx import TensorProto, helper
 
         name = self.names(f"{self.base}_{name}")
@@ -350,7 +366,7 @@ class _Builder:
         self.made.append(helper.make_node("Constant", [], [name], value=helper.make_tensor(name, TensorProto.INT64, [len(values)], values)))
         return name
 
-    def __call__(self, op_type: str, *inputs: str, out: str | None = None, **attributes) -> str:
+    def __call__(self, op_type: str, *inputs: str, out: str | None = None, **attributes: Any) -> str:
         from onnx import helper
 
         out = out or self.names(f"{self.base}_{op_type.lower()}")
@@ -358,7 +374,7 @@ class _Builder:
         return out
 
 
-def _unsafe_division(node, types: dict, constants: dict) -> tuple[bool, bool] | None:
+def _unsafe_division(node: Any, types: Types, constants: Constants) -> tuple[bool, bool] | None:
     """For an integer Div or Mod node: whether its divisor may be 0, and whether its dividend may be
     the type's minimum while its divisor is -1 (signed types) or an operand may have its top bit set
     (unsigned types); None for floating-point inputs or where none of these may happen."""
@@ -386,7 +402,7 @@ def _unsafe_division(node, types: dict, constants: dict) -> tuple[bool, bool] | 
     return (zero, overflow) if zero or overflow else None
 
 
-def _division(node, types: dict, constants: dict, names: _Names) -> list | None:
+def _division(node: Any, types: Types, constants: Constants, names: _Names) -> list[Any] | None:
     """The nodes that keep one integer Div or Mod node from dividing by zero, or a signed type's
     minimum by -1, with onnx's results there; None where it does neither (or is not integer)."""
     import numpy as np
@@ -399,9 +415,10 @@ def _division(node, types: dict, constants: dict, names: _Names) -> list | None:
     x, d = node.input
     (out,) = node.output
     code = types.get(x) or types.get(d)
+    assert code is not None  # `_unsafe_division` refuses an unknown element type
     b = _Builder(node.name or out, names)
     zero, one = b.const(0, code), b.const(1, code)
-    bad = []
+    bad: list[str] = []
     if zero_divisor:
         is_zero = b("Equal", d, zero)
         bad.append(is_zero)
@@ -426,7 +443,7 @@ def _division(node, types: dict, constants: dict, names: _Names) -> list | None:
     return b.made
 
 
-def _unsigned_division(node, code: int, d: str, b: _Builder, out: str | None) -> str:
+def _unsigned_division(node: Any, code: int, d: str, b: _Builder, out: str | None) -> str:
     """Unsigned `x / d` or `x % d` (d nonzero) through a signed division of operands below the top
     bit: `((x >> 1) / d) << 1`, corrected by one, and 0 or 1 for a divisor with its top bit set."""
     x = node.input[0]
@@ -443,7 +460,7 @@ def _unsigned_division(node, code: int, d: str, b: _Builder, out: str | None) ->
     return b("Where", big, b("Where", at_least, b("Sub", x, d), x), b("Where", over, b("Sub", r, small), r), out=out)
 
 
-def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:
+def _pow(node: Any, types: Types, constants: Constants, names: _Names) -> list[Any] | None:
     """The nodes that give one Pow node C's (NumPy's) results, or None where IREE's already are."""
     import numpy as np
     from onnx import helper
@@ -458,7 +475,7 @@ def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:
         )
     c = constants.get(y)
     if code in _INTEGERS:
-        if exponent_code not in _INTEGERS:
+        if exponent_code is None or exponent_code not in _INTEGERS:
             return None  # an integer raised to floating-point powers is left to IREE (see the module's docstring)
         return _integer_pow(node, code, exponent_code, c, _Builder(node.name or out, names))
     if c is not None and c.size == 1 and np.isfinite(c).all() and ((c >= 0) & (c == np.floor(c)) | (c == 0.5)).all():
@@ -468,6 +485,7 @@ def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:
         return None  # a positive base other than 1: IREE's pow(b, y) is the reference's
     if code not in _FLOATS:
         return None
+    assert exponent_code is not None  # refused above for a floating-point base
     b = _Builder(node.name or out, names)
     one, ax = b.const(1.0, code), b("Abs", x)
     if c is not None and c.size == 1 and not np.isfinite(c).all():  # IREE's importer fails on some, folds others wrong
@@ -488,7 +506,7 @@ def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:
     r = b("Where", b("Equal", ax, one), one, b("Abs", raised))
     integral = exponent_code in _INTEGERS or (c is not None and np.all(np.floor(c) == c))
     zero, zero_e = b.const(0.0, code), b.const(0, exponent_code)
-    steps = []  # (condition, value) pairs, applied innermost first
+    steps: list[tuple[str, str]] = []  # (condition, value) pairs, applied innermost first
     if c is None or np.any(_odd(c)):  # a negative base (-0 and -inf too) raised to an odd integer is negative
         two_e = b.const(2, exponent_code)
         if exponent_code in _INTEGERS:
@@ -510,18 +528,21 @@ def _pow(node, types: dict, constants: dict, names: _Names) -> list | None:
     return b.made
 
 
-def _odd(values):
+def _odd(values: np.ndarray) -> np.ndarray:
     """Which of `values` (an array) are odd integers."""
     import numpy as np
 
     values = np.asarray(values)
+    odd: np.ndarray
     if values.dtype.kind in "iu":
-        return values % 2 != 0
+        odd = values % 2 != 0
+        return odd
     with np.errstate(invalid="ignore"):
-        return np.isfinite(values) & (np.floor(values) == values) & (np.fmod(values, 2) != 0)
+        odd = np.isfinite(values) & (np.floor(values) == values) & (np.fmod(values, 2) != 0)
+        return odd
 
 
-def _integer_pow(node, code: int, exponent_code: int, exponent, b: _Builder) -> list:
+def _integer_pow(node: Any, code: int, exponent_code: int, exponent: np.ndarray | None, b: _Builder) -> list[Any]:
     """An integer Pow as squarings and products: exact for every result the type holds."""
     import numpy as np
 
@@ -546,7 +567,7 @@ def _integer_pow(node, code: int, exponent_code: int, exponent, b: _Builder) -> 
     return b.made
 
 
-def _topk(node, types: dict, names: _Names, opset: int) -> list | None:
+def _topk(node: Any, types: Types, names: _Names, opset: int) -> list[Any] | None:
     """The nodes that make one TopK node order NaN above +inf, or None where its input is not
     floating-point. The order is TopK's over a double key: NaN -> +inf, +inf -> the largest double."""
     from onnx import helper
@@ -580,7 +601,7 @@ def _topk(node, types: dict, names: _Names, opset: int) -> list | None:
     return b.made
 
 
-def _max_pool(node, types: dict, dims: dict, constants: dict, producers: dict, names: _Names) -> list | None:
+def _max_pool(node: Any, types: Types, dims: Dims, constants: Constants, producers: dict[str, Any], names: _Names) -> list[Any] | None:
     """The nodes that give one MaxPool node onnx's NaN results, or None where its input is not
     floating-point or it has an Indices output."""
     from onnx import helper
@@ -619,7 +640,10 @@ def _max_pool(node, types: dict, dims: dict, constants: dict, producers: dict, n
     return b.made
 
 
-def _first_in_window(x, out, attributes, kernel, strides, dilations, dims, constants, producers, b) -> str | None:
+def _first_in_window(
+    x: str, out: str, attributes: dict[str, Any], kernel: list[int], strides: list[int], dilations: list[int],
+    dims: Dims, constants: Constants, producers: dict[str, Any], b: _Builder,
+) -> str | None:
     """Each window's first element of the input (the first one inside it, in row-major order), or
     None where the input's or the output's spatial size is not known. A Pad with -inf in front of
     the MaxPool (`onnx_model.explicit_pool_pads`) counts as the pool's padding."""
@@ -651,8 +675,9 @@ def _first_in_window(x, out, attributes, kernel, strides, dilations, dims, const
     in_shape, out_shape = dims.get(source), dims.get(out)
     if in_shape is None or out_shape is None or len(in_shape) != rank + 2 or len(out_shape) != rank + 2:
         return None
-    sizes, outs = in_shape[2:], out_shape[2:]
-    if any(v is None for v in (*sizes, *outs)) or min(pads, default=0) < 0:
+    sizes = [v for v in in_shape[2:] if v is not None]
+    outs = [v for v in out_shape[2:] if v is not None]
+    if len(sizes) != rank or len(outs) != rank or min(pads, default=0) < 0:  # a spatial size is not known
         return None
     auto_pad = attributes.get("auto_pad", b"NOTSET")
     auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
@@ -666,7 +691,7 @@ def _first_in_window(x, out, attributes, kernel, strides, dilations, dims, const
             begin = 0
         else:
             begin = pads[axis]
-        indices = []
+        indices: list[int] = []
         for o in range(outs[axis]):
             start = o * strides[axis] - begin
             if start < 0:
@@ -677,20 +702,21 @@ def _first_in_window(x, out, attributes, kernel, strides, dilations, dims, const
     return first
 
 
-def _is_number(value) -> bool:
+def _is_number(value: np.ndarray | None) -> bool:
     """Whether `value` (a constant's array, or None) is known and holds no NaN."""
     import numpy as np
 
     return value is not None and not (value.dtype.kind in "fc" and np.isnan(value).any())
 
 
-def _element_types(model, wanted: set, ranked: set = frozenset()) -> tuple[dict, dict]:
+def _element_types(model: Any, wanted: AbstractSet[str], ranked: AbstractSet[str] = frozenset()) -> tuple[Types, dict[str, int]]:
     """Value name -> TensorProto element type, and value name -> rank where known, as the model states
     them in any of its graphs (shape inference where it states no type for a `wanted` value, or no
     rank for a `ranked` one)."""
 
-    def read(graphs) -> tuple[dict, dict]:
-        found, ranks = {}, {}
+    def read(graphs: Iterable[Any]) -> tuple[Types, dict[str, int]]:
+        found: Types = {}
+        ranks: dict[str, int] = {}
         for g in graphs:
             found.update({t.name: t.data_type for t in g.initializer})
             ranks.update({t.name: len(t.dims) for t in g.initializer})
@@ -722,12 +748,12 @@ def _element_types(model, wanted: set, ranked: set = frozenset()) -> tuple[dict,
     return types, ranks
 
 
-def _dims(model, wanted: set) -> dict:
+def _dims(model: Any, wanted: AbstractSet[str]) -> Dims:
     """Value name -> its dimensions (an int, or None where not known), for the `wanted` values
     whose shape the model states or shape inference finds."""
 
-    def read(graphs) -> dict:
-        found = {}
+    def read(graphs: Iterable[Any]) -> Dims:
+        found: Dims = {}
         for g in graphs:
             for value in (*g.input, *g.output, *g.value_info):
                 tensor = value.type.tensor_type if value.type.HasField("tensor_type") else None
@@ -747,14 +773,14 @@ def _dims(model, wanted: set) -> dict:
     return found
 
 
-def _constant_values(graph, wanted: set) -> dict:
+def _constant_values(graph: Any, wanted: AbstractSet[str]) -> Constants:
     """Value name -> its array, for the `wanted` values that are initializers with inline data (and
     not graph inputs) or Constant nodes' values."""
     from onnx import numpy_helper
     from onnx.external_data_helper import uses_external_data
 
     inputs = {i.name for i in graph.input}
-    found = {}
+    found: Constants = {}
     for tensor in graph.initializer:
         if tensor.name in wanted and tensor.name not in inputs and not uses_external_data(tensor):
             found[tensor.name] = numpy_helper.to_array(tensor)

@@ -70,7 +70,7 @@ class _Field:
 
 
 class _Reader:
-    def __init__(self, data, where: str) -> None:
+    def __init__(self, data: mmap.mmap, where: str) -> None:
         self.data = data
         self.where = where
 
@@ -183,8 +183,8 @@ def _external_tensor(reader: _Reader, tensor: _Field, location: str, threshold: 
     if count * ITEM_SIZE[data_type] != size:
         raise reader.fail(f"initializer {name!r} has {size} bytes of raw data, its shape {dims} needs {count * ITEM_SIZE[data_type]}")
     body = b"".join(bytes(data[a:b]) for a, b in kept)
-    for key, value in (("location", location), ("offset", str(raw[0])), ("length", str(size))):
-        body += _length_field(_TENSOR_EXTERNAL_DATA, _length_field(1, key.encode()) + _length_field(2, value.encode()))
+    for key, text in (("location", location), ("offset", str(raw[0])), ("length", str(size))):
+        body += _length_field(_TENSOR_EXTERNAL_DATA, _length_field(1, key.encode()) + _length_field(2, text.encode()))
     body += _varint_bytes(_TENSOR_DATA_LOCATION << 3 | _VARINT) + _varint_bytes(_EXTERNAL)
     return name, (Span(raw[0], size), body)
 
@@ -213,7 +213,7 @@ def _strip(reader: _Reader, size: int, location: str, threshold: int) -> Strippe
         return None
     graph_parts: list[bytes] = []
     spans: dict[str, Span] = {}
-    names: set[str] = set()
+    names: set[str | None] = set()
     for f in reader.fields(graphs[0].value_start, graphs[0].end):
         moved = None
         if f.number == _GRAPH_INITIALIZER and f.wire == _LENGTH:
@@ -224,6 +224,7 @@ def _strip(reader: _Reader, size: int, location: str, threshold: int) -> Strippe
         if moved is None:
             graph_parts.append(bytes(data[f.start : f.end]))
             continue
+        assert name is not None  # a tensor is moved only when it has a name
         spans[name], body = moved
         graph_parts.append(_length_field(_GRAPH_INITIALIZER, body))
     if not spans:

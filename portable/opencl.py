@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Sequence
 
 from portkern.base.errors import BuildError, CompileError, LaunchSpecError, brief
-from portkern.portable import spirv
 from portkern.base.framing import read_bounded
+from portkern.portable import spirv
 from portkern.portable.bundle import KernelRecord, Stage, sha256
 from portkern.portable.launch import ELEMENTS, Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, point_text, where_of
 from portkern.portable.manifest import KernelSpec
@@ -321,7 +321,7 @@ def _path(tool: str) -> str:
     return found
 
 
-def _run(cmd: list[str], tool: str) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], tool: str) -> subprocess.CompletedProcess[str]:
     try:
         return subprocess.run(cmd, capture_output=True, text=True, timeout=TOOL_TIMEOUT_S)
     except subprocess.TimeoutExpired:
@@ -349,7 +349,7 @@ def _translate(bitcode: Path, origin: str) -> bytes:
     return output.read_bytes()
 
 
-def _check(done: subprocess.CompletedProcess, tool: str, origin: str) -> None:
+def _check(done: subprocess.CompletedProcess[str], tool: str, origin: str) -> None:
     if done.returncode != 0:
         raise BuildError(f"{origin}: {tool} failed: {(brief(done.stderr, 3, limit=600) or 'no message')}")
 

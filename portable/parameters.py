@@ -19,9 +19,10 @@ import mmap
 import os
 import re
 from dataclasses import dataclass
-from typing import BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
 
 from portkern.base.errors import BundleTruncatedError, DigestMismatchError, MalformedBundleError
+from portkern.base.records import from_plain, to_plain
 
 #: The section starts on a page boundary, so it can be mapped as it is.
 SECTION_ALIGNMENT = 4096
@@ -53,12 +54,12 @@ class Parameter:
     offset: int
     size: int
 
-    def to_dict(self) -> dict:
-        return {"scope": self.scope, "name": self.name, "offset": self.offset, "size": self.size}
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "Parameter":
-        return cls(data["scope"], data["name"], data["offset"], data["size"])
+    def from_dict(cls, data: Mapping[str, Any]) -> "Parameter":
+        return from_plain(cls, data)
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,12 @@ class ParameterSection:
     #: sha256 (hex) of the concatenated raw chunk digests.
     root: str
 
-    def to_dict(self) -> dict:
-        return {"offset": self.offset, "size": self.size, "chunk_bytes": self.chunk_bytes, "chunks": list(self.chunks), "root": self.root}
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: Mapping) -> "ParameterSection":
-        return cls(data["offset"], data["size"], data["chunk_bytes"], tuple(data["chunks"]), data["root"])
+    def from_dict(cls, data: Mapping[str, Any]) -> "ParameterSection":
+        return from_plain(cls, data)
 
     @property
     def end(self) -> int:
@@ -176,7 +177,7 @@ def referenced(text: bytes | str) -> list[tuple[str, str]]:
 
 
 def _unescape(text: str) -> str:
-    def one(match: re.Match) -> bytes:
+    def one(match: re.Match[bytes]) -> bytes:
         token = match.group(1)
         return token if token in (b"\\", b'"') else bytes([int(token, 16)])
 
@@ -187,7 +188,7 @@ def _unescape(text: str) -> str:
 
 
 #: Yields a parameter's bytes in pieces, in order.
-Reader = Callable[[], Iterator[bytes]]
+Reader = Callable[[], Iterator[bytes | memoryview]]
 
 
 @dataclass(frozen=True)
@@ -268,10 +269,10 @@ def write_section(f: BinaryIO, data: Sequence[ParameterData], placed: Mapping[st
     return ParameterSection(offset, size, CHUNK_BYTES, chunks, root_of(chunks))
 
 
-def file_pieces(path: os.PathLike | str, offset: int, length: int) -> Reader:
+def file_pieces(path: os.PathLike[str] | str, offset: int, length: int) -> Reader:
     """A reader of `length` bytes of a file from `offset`, COPY_BYTES at a time."""
 
-    def read() -> Iterator[bytes]:
+    def read() -> Iterator[bytes | memoryview]:
         with open(path, "rb") as f:
             f.seek(offset)
             remaining = length
@@ -285,7 +286,7 @@ def file_pieces(path: os.PathLike | str, offset: int, length: int) -> Reader:
     return read
 
 
-def transposed_file_pieces(path: os.PathLike | str, offset: int, rows: int, cols: int, itemsize: int) -> Reader:
+def transposed_file_pieces(path: os.PathLike[str] | str, offset: int, rows: int, cols: int, itemsize: int) -> Reader:
     """A reader of the transpose (cols x rows) of a row-major rows x cols matrix of `itemsize`-byte
     elements that lies in a file from `offset`: made a block of whole output rows at a time (see
     TRANSPOSE_BYTES) from a read-only mapping whose pages are let go as they are read, so memory
@@ -297,7 +298,7 @@ def transposed_file_pieces(path: os.PathLike | str, offset: int, rows: int, cols
     block_bytes = min(TRANSPOSE_BYTES, max(COPY_BYTES, length // 16))
     per_block = max(1, min(cols, block_bytes // max(1, rows * itemsize)))
 
-    def read() -> Iterator[bytes]:
+    def read() -> Iterator[bytes | memoryview]:
         if length == 0:
             return
         start = offset - offset % mmap.ALLOCATIONGRANULARITY
@@ -312,7 +313,7 @@ def transposed_file_pieces(path: os.PathLike | str, offset: int, rows: int, cols
                         block[:, row:end] = source[row:end, first:last].T
                         # the OS maps whole neighbourhoods of the rows read: let them go at once
                         _release(mapped, offset - start + row * cols * itemsize, offset - start + end * cols * itemsize)
-                    yield memoryview(block.reshape(-1).view(np.uint8))
+                    yield block.reshape(-1).view(np.uint8).data
                     del block
             finally:
                 del source
@@ -330,7 +331,7 @@ def _release(mapped: mmap.mmap, begin: int, end: int) -> None:
 def bytes_pieces(data: bytes | memoryview) -> Reader:
     """A reader of bytes already in memory."""
 
-    def read() -> Iterator[bytes]:
+    def read() -> Iterator[bytes | memoryview]:
         view = memoryview(data)
         for start in range(0, len(view), COPY_BYTES):
             yield view[start : start + COPY_BYTES]

@@ -6,10 +6,12 @@ import ast
 import functools
 import importlib.util
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from portkern.base.errors import IncompatibleProducerError
+from portkern.base.records import from_plain, to_plain
 
 
 @dataclass(frozen=True)
@@ -22,12 +24,12 @@ class Producer:
     #: MLIR bytecode version; None for producers of other formats (e.g. SPIR-V).
     bytecode_version: int | None = None
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        return to_plain(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Producer":
-        return cls(**data)
+    def from_dict(cls, data: dict[str, Any]) -> "Producer":
+        return from_plain(cls, data)
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class Installed:
 
 def _read_version_file(path: Path) -> Installed:
     """VERSION and REVISIONS from an IREE `version.py`, read without running it."""
-    values: dict[str, object] = {}
+    values: dict[str, Any] = {}
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]

@@ -27,7 +27,7 @@ import tempfile
 import zlib
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from portkern.base.errors import BuildError, IncompatibleProducerError
 from portkern.portable.bundle import SOURCE_PHASE, Bundle, KernelRecord, Stage, sha256
@@ -82,10 +82,11 @@ def mlir_text(data: bytes, name: str) -> bytes:
     if not data.startswith(MLIR_BYTECODE_MAGIC):
         return data
     module = Compiler().parse(data, name=name)
-    return module.operation.get_asm(enable_debug_info=False).encode()
+    text: str = module.operation.get_asm(enable_debug_info=False)
+    return text.encode()
 
 
-def upgraded(model):
+def upgraded(model: Any) -> Any:
     """A model of an opset older than `ONNX_OPSET`, its weights in it, converted to that opset as the
     build's import did (so that the device, which imports a source model as it is, sees the same
     operators); the model as it is when it has external data or the conversion fails."""
@@ -101,13 +102,14 @@ def upgraded(model):
         return model
 
 
-def onnx_source(model, path: Path, parameters: set[str]) -> bytes:
+def onnx_source(model: Any, path: Path, parameters: set[str]) -> bytes:
     """An ONNX model (loaded without its external data) as its source stage keeps it: the
     initializers named in `parameters` without their bytes, marked as external data at
     `PARAMETER_LOCATION`; any other initializer's external data read into the model."""
-    from portkern.portable.onnx_parameters import sanitized
     from onnx import TensorProto
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    from portkern.portable.onnx_parameters import sanitized
 
     for tensor in model.graph.initializer:
         if sanitized(tensor.name) in parameters:
@@ -122,7 +124,8 @@ def onnx_source(model, path: Path, parameters: set[str]) -> bytes:
                 load_external_data_for_tensor(tensor, str(path.parent))
             except Exception as exc:  # noqa: BLE001 - onnx raises several types for a missing or escaping file
                 raise BuildError(f"{path}: external data of initializer {tensor.name!r}: {exc}") from None
-    return model.SerializeToString()
+    data: bytes = model.SerializeToString()
+    return data
 
 
 def readable_stage(record: KernelRecord, family: str) -> Stage:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from portkern.base.errors import CompileError
 
@@ -126,7 +127,7 @@ def _read(words: tuple[int, ...]) -> Module:
     subgroup_sizes: dict[int, int] = {}
     read_only: set[int] = set()
     subgroup_builtin = False
-    types: dict[int, tuple] = {}
+    types: dict[int, tuple[Any, ...]] = {}
     params: dict[int, list[int]] = {}
     param_types: dict[int, int] = {}
     current: int | None = None
@@ -181,7 +182,7 @@ def _read(words: tuple[int, ...]) -> Module:
     )
 
 
-def _param(types: dict[int, tuple], type_id: int, writable: bool) -> Param:
+def _param(types: dict[int, tuple[Any, ...]], type_id: int, writable: bool) -> Param:
     found = types.get(type_id)
     if found is None:
         return Param("other")

@@ -6,6 +6,7 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,9 +20,10 @@ def _text(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def schema(name: str) -> dict:
+def schema(name: str) -> dict[str, Any]:
     """The JSON schema `name` (e.g. "manifest", "bundle") as a dict."""
-    return json.loads(_text(name))
+    loaded: dict[str, Any] = json.loads(_text(name))
+    return loaded
 
 
 def digest(name: str) -> str:
@@ -30,7 +32,7 @@ def digest(name: str) -> str:
 
 
 @functools.lru_cache(maxsize=None)
-def validator(name: str):
+def validator(name: str) -> Any:
     """A reusable jsonschema validator for the schema `name`."""
     import jsonschema
 
@@ -40,13 +42,14 @@ def validator(name: str):
 
 
 @functools.lru_cache(maxsize=None)
-def compiled(name: str):
+def compiled(name: str) -> Callable[[Any], Any]:
     """A compiled validator (fastjsonschema) for the schema `name`: cheap to import and fast to
     run, for large documents and hot paths. The schemas keep to keywords draft 7 shares with
     2020-12 (`$defs` are plain JSON pointers)."""
     import fastjsonschema
 
-    return fastjsonschema.compile({**schema(name), "$schema": "http://json-schema.org/draft-07/schema#"})
+    validate: Callable[[Any], Any] = fastjsonschema.compile({**schema(name), "$schema": "http://json-schema.org/draft-07/schema#"})
+    return validate
 
 
 def check(name: str, document: object, error: type[Exception]) -> None:
@@ -62,7 +65,7 @@ def check(name: str, document: object, error: type[Exception]) -> None:
 class Violation:
     """Where a document breaks its schema (`path` into the document) and what rule."""
 
-    path: tuple
+    path: tuple[str | int, ...]
     message: str
     #: The schema keyword broken ("type", "pattern", "required", ...).
     keyword: str
@@ -106,11 +109,11 @@ KEYWORDS = frozenset({
 
 
 @functools.lru_cache(maxsize=None)
-def _pattern(text: str) -> re.Pattern:
+def _pattern(text: str) -> re.Pattern[str]:
     return re.compile(text)
 
 
-def _resolve(root: dict, ref: str) -> Any:
+def _resolve(root: dict[str, Any], ref: str) -> Any:
     if not ref.startswith("#"):
         raise ValueError(f"only local references are supported, not {ref!r}")
     node: Any = root
@@ -153,7 +156,7 @@ def _equal(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def _validate(root: dict, node: Any, value: Any, path: tuple, out: list[Violation]) -> None:
+def _validate(root: dict[str, Any], node: Any, value: Any, path: tuple[str | int, ...], out: list[Violation]) -> None:
     if node is True:
         return
     if node is False:

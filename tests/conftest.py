@@ -1,14 +1,70 @@
-"""Shared fixtures: an example bundle built once, and caches that never touch the user's."""
+"""Shared fixtures: an example bundle built once, and caches that never touch the user's.
+Under CI (`CI=true`), a skip whose reason is not marked expected (`helpers.expected_skip`) fails the run."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import EXPECTED_SKIPS
 
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
+
+# --- under CI, an unexpected skip fails the run ------------------------------------------
+
+#: (test or module id, reason) of every skip in this session.
+_skips: list[tuple[str, str]] = []
+_unexpected: list[tuple[str, str]] = []
+
+
+def under_ci() -> bool:
+    """Whether this is a CI run: `CI` set to true (as CI services and `.ci/run` set it)."""
+    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+
+
+def _reason(report) -> str:
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+def pytest_runtest_logreport(report) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):  # an xfail is declared where it is written
+        _skips.append((report.nodeid, _reason(report)))
+
+
+def pytest_collectreport(report) -> None:
+    if report.skipped:  # a module skipped as a whole (a module-level importorskip)
+        _skips.append((report.nodeid, _reason(report)))
+
+
+def unexpected_skips(skips: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """The skips whose reason is not marked as one of `EXPECTED_SKIPS`; a torch skip counts as
+    unexpected where torch is installed (CI's torch step runs those tests)."""
+    expected = set(EXPECTED_SKIPS)
+    if importlib.util.find_spec("torch") is not None:
+        expected.discard("torch")
+    return [(where, why) for where, why in skips if not ((m := re.match(r"\[(\w+)\] ", why)) and m.group(1) in expected)]
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if not under_ci():
+        return
+    _unexpected[:] = unexpected_skips(_skips)
+    if _unexpected and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _unexpected:
+        terminalreporter.section("unexpected skips (CI fails on a skip not marked expected in tests/helpers.py)", red=True)
+        for where, why in _unexpected:
+            terminalreporter.line(f"{where}: {why}")
 
 
 @pytest.fixture(autouse=True, scope="session")

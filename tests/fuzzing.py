@@ -38,8 +38,8 @@ from helpers import dense_onnx, reseal
 
 import portkern
 from portkern.base import framing
-from portkern.cache.store import Store
 from portkern.base.errors import PortkernError
+from portkern.cache.store import Store
 from portkern.portable.bundle import MAGIC
 from portkern.portable.parameters import section_offset
 from portkern.portable.source import FORMATS as SOURCE_FORMATS

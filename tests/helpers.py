@@ -1,10 +1,34 @@
-"""Assertions and bundles shared by the kernel tests."""
+"""Assertions, bundles, CLI runs and skip reasons shared by the tests."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+
+#: Skips a CI run expects (tests/conftest.py fails a run under CI on any other skip): a skip
+#: whose reason starts with `[kind] ` (`expected_skip`) is one of these kinds.
+EXPECTED_SKIPS = {
+    "cpu": "this host's CPU decides: its features (AVX-512 for x86-64-v4 code), ISA level or architecture",
+    "device": "a GPU, a GPU driver or runtime, or an OpenCL device's capability decides (CI has no GPU)",
+    "torch": "needs the torch extra, which only CI's torch step installs (./dev.sh torch runs these tests)",
+}
+
+
+def expected_skip(kind: str, why: str) -> str:
+    """The reason of a skip that CI expects: `why`, marked as a skip of `kind` (`EXPECTED_SKIPS`)."""
+    if kind not in EXPECTED_SKIPS:
+        raise ValueError(f"{kind!r} is not an expected kind of skip ({', '.join(EXPECTED_SKIPS)})")
+    return f"[{kind}] {why}"
 
 
 def assert_matches(outputs, references, rtol: float, atol: float) -> None:
@@ -14,6 +38,106 @@ def assert_matches(outputs, references, rtol: float, atol: float) -> None:
     for got, want in zip(outputs, references):
         assert got.shape == want.shape and got.dtype == want.dtype
         np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+def assert_example(kernel, rng: np.random.Generator, name: str | None = None) -> None:
+    """The kernel, run on inputs of the shipped example `name` (default: the kernel's own name)
+    drawn from `rng`, gives the example's NumPy reference within its tolerances."""
+    from portkern.examples.reference import EXAMPLES
+
+    example = EXAMPLES[name or kernel.name]
+    inputs = example.inputs(rng)
+    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+
+
+def cli_json(capsys, *argv) -> tuple[int, object]:
+    """`portkern ARGV... --json` run in this process: its exit status and the JSON it printed."""
+    from portkern.cli.main import main
+
+    status = main([*map(str, argv), "--json"])
+    return status, json.loads(capsys.readouterr().out)
+
+
+def one_kernel_bundle(where: Path, source, name: str = "k", extra: str = "", bundle: str | None = None) -> Path:
+    """A bundle `<where>/<bundle>.pkb` (`bundle` defaults to `name`) of one kernel `name` from
+    `source` (a file in `where`, or a path), with `extra` manifest lines for the kernel;
+    its manifest is `<where>/<bundle>.yaml`."""
+    from portkern.portable.builder import build_file
+
+    bundle = bundle or name
+    manifest = where / f"{bundle}.yaml"
+    manifest.write_text(f"bundle: {bundle}\nkernels:\n  - name: {name}\n    source: {source}\n{extra}")
+    build_file(manifest, where / f"{bundle}.pkb")
+    return where / f"{bundle}.pkb"
+
+
+def example_manifest(where: Path, bundle: str, name: str = "gemm_bias_relu") -> Path:
+    """A manifest `<where>/<bundle>.yaml` of a bundle `bundle` holding the shipped example kernel `name` alone."""
+    from portkern.examples import MANIFEST
+
+    manifest = where / f"{bundle}.yaml"
+    manifest.write_text(f"bundle: {bundle}\nkernels:\n  - name: {name}\n    source: {MANIFEST.parent / f'{name}.mlir'}\n")
+    return manifest
+
+
+def prebuilt_example(where: Path, bundle: str, targets=(), name: str = "gemm_bias_relu") -> Path:
+    """The shipped example kernel `name` alone in a bundle `<where>/<bundle>.pkb`, built by
+    `portkern build` with native code for each of `targets` (device specs; `--prebuild`)."""
+    from portkern.cli.main import main
+
+    out = where / f"{bundle}.pkb"
+    prebuild = ["--prebuild", ",".join(targets)] if targets else []
+    assert main(["build", str(example_manifest(where, bundle, name)), "-o", str(out), *prebuild, "--json"]) == 0
+    return out
+
+
+#: A script, `python -c RUN_EXAMPLES BUNDLE NAME...`: loads each shipped example kernel NAME
+#: from BUNDLE, runs it on seeded inputs and prints one line of JSON: each kernel's origin
+#: ("origins"), whether every result matched its NumPy reference ("ok"), the warnings raised
+#: ("warnings") and the workers the process's worker pool started ("workers_started").
+RUN_EXAMPLES = textwrap.dedent(
+    """
+    import json, logging, sys, warnings
+    import numpy as np
+    import portkern
+    from portkern.examples.reference import EXAMPLES
+    report = {"origins": {}, "ok": True}
+    logged = []  # portkern's logged warnings count with the warnings
+    keep = logging.Handler(logging.WARNING)
+    keep.emit = lambda record: logged.append(record.getMessage())
+    logging.getLogger("portkern").addHandler(keep)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bundle = portkern.load(sys.argv[1])
+        for name in sys.argv[2:]:
+            kernel = bundle.kernel(name)
+            example = EXAMPLES[name]
+            inputs = example.inputs(np.random.default_rng(7))
+            out = kernel(*inputs)
+            report["ok"] &= bool(np.allclose(out, example.reference(*inputs)[0], rtol=example.rtol, atol=example.atol))
+            report["origins"][name] = kernel.origin
+    report["warnings"] = [str(w.message) for w in caught] + logged
+    from portkern.jit.workers import shared_pool
+    report["workers_started"] = shared_pool().spawned
+    print(json.dumps(report))
+    """
+)
+
+
+def spawn(script: str, *argv, cache_dir: Path) -> subprocess.Popen:
+    """`python -c SCRIPT ARGV...` started with the default cache at `cache_dir` (output piped)."""
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
+    return subprocess.Popen([sys.executable, "-c", script, *map(str, argv)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def last_json(proc: subprocess.Popen | subprocess.CompletedProcess) -> dict:
+    """The JSON a process printed on its last line, once it has exited with status 0."""
+    if isinstance(proc, subprocess.Popen):
+        out, err = proc.communicate(timeout=600)
+    else:
+        out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, err
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def opencl_toolchain_missing() -> str:
@@ -115,3 +239,23 @@ func.func @attention(%q: {t}, %k: {t}, %v: {t}) -> {t} {{
   return %r : {t}
 }}
 """
+
+
+def logged(caplog, pattern: str) -> list[str]:
+    """The messages of portkern's log records (warnings and above) that `pattern` matches (`re.search`)."""
+    messages = [r.getMessage() for r in caplog.records if r.name.startswith("portkern") and r.levelno >= logging.WARNING]
+    return [m for m in messages if re.search(pattern, m)]
+
+
+@contextmanager
+def logged_messages() -> Iterator[list[str]]:
+    """The messages portkern logs (warnings and above) while the block runs, as they come."""
+    messages: list[str] = []
+    keep = logging.Handler(logging.WARNING)
+    keep.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("portkern")
+    logger.addHandler(keep)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(keep)

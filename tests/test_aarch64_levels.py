@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-import json
 import platform
 
 import numpy as np
 import pytest
+from helpers import assert_example, cli_json, expected_skip, prebuilt_example
 
 import portkern
-from portkern.cache.device import DeviceFingerprint
-from portkern.cli.main import main
 from portkern.base.errors import DeviceError
-from portkern.examples import MANIFEST
-from portkern.examples.reference import EXAMPLES
+from portkern.cache.device import DeviceFingerprint
 from portkern.jit import aarch64, cpu, elf
 from portkern.jit.devices import resolve
 from portkern.portable.bundle import decode_file, read_bundle_bytes
 
-from helpers import assert_matches
-
 NAME = "gemm_bias_relu"
-ONE_KERNEL = "bundle: arm\nkernels:\n  - name: gemm_bias_relu\n    source: {source}\n"
 LEVELS = tuple(aarch64.LEVELS)
 X86_HOST = platform.machine().lower() in ("x86_64", "amd64")
 #: Built beside the AArch64 levels where this host can build it (an x86-64 host).
@@ -118,12 +112,8 @@ def test_an_unknown_level_is_a_typed_error_naming_it(store):
 @pytest.fixture(scope="module")
 def fat(tmp_path_factory):
     """A one-kernel bundle prebuilt for every AArch64 level (and an x86-64 level on an x86-64 host)."""
-    where = tmp_path_factory.mktemp("arm")
-    (where / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / f"{NAME}.mlir"))
-    out = where / "arm.pkb"
     targets = [f"cpu:{name}" for name in LEVELS] + ([f"cpu:{X86_LEVEL}"] if X86_HOST else [])
-    assert main(["build", str(where / "manifest.yaml"), "-o", str(out), "--prebuild", ",".join(targets), "--json"]) == 0
-    return out
+    return prebuilt_example(tmp_path_factory.mktemp("arm"), "arm", targets, NAME)
 
 
 def slices(path) -> dict[str, bytes]:
@@ -142,42 +132,35 @@ def test_aarch64_levels_cross_compile_real_aarch64_code(fat, capsys):
     assert len({built[f"cpu:{name}"] for name in LEVELS}) == len(LEVELS)  # each level's own code
 
 
-@pytest.mark.skipif(not X86_HOST, reason="an x86-64 host: the AArch64 code must be passed over")
+@pytest.mark.skipif(not X86_HOST, reason=expected_skip("cpu", "an x86-64 host: the AArch64 code must be passed over"))
 def test_on_an_x86_host_the_x86_baseline_serves_and_the_aarch64_one_never(fat, store, capsys):
     capsys.readouterr()
     here = cpu.host(store)
     if not cpu.can_run(cpu.resolve(X86_LEVEL, store), here):
-        pytest.skip(f"this host cannot run {X86_LEVEL} code")
+        pytest.skip(expected_skip("cpu", f"this host cannot run {X86_LEVEL} code"))
     kernel = portkern.load(fat, store=store).kernel(NAME)
     assert kernel.origin == "baseline" and kernel.native.built_for == f"cpu:{X86_LEVEL}"
-    example = EXAMPLES[NAME]
-    inputs = example.inputs(np.random.default_rng(0))
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, np.random.default_rng(0))
     assert kernel.wait() and kernel.native.built_for == here.label
     assert [fp.arch for fp in cpu.serving_order(here, [cpu.resolve(n, store) for n in (*LEVELS, X86_LEVEL)])] == [X86_LEVEL]
     with pytest.raises(DeviceError, match="armv8.2-a code is for aarch64 CPUs; this host is x86_64"):
         portkern.load(fat, store=store).kernel(NAME, device="cpu:armv8.2-a")
 
 
-def run_json(capsys, *argv):
-    status = main([*argv, "--json"])
-    return status, json.loads(capsys.readouterr().out)
-
-
 def test_inspect_finalize_and_cache_ls_describe_aarch64_code(fat, tmp_path, capsys):
     capsys.readouterr()
     here = "; this host" if cpu.can_run(cpu.resolve("armv8.2-a"), cpu.host()) else "; not this host"
-    status, shown = run_json(capsys, "inspect", str(fat))
+    status, shown = cli_json(capsys, "inspect", str(fat))
     serves = {n["target"]: n["serves"] for n in shown["kernels"][0]["native"]}
     assert serves["cpu:armv8.2-a"].startswith("aarch64 CPUs with every feature of armv8.2-a (7)")
     assert here in serves["cpu:armv8.2-a"] and (not X86_HOST or serves["cpu:armv8.2-a"].endswith("(x86_64)"))
     if X86_HOST:
         assert serves[f"cpu:{X86_LEVEL}"].startswith(f"x86_64 CPUs with every feature of {X86_LEVEL}")
     cache = str(tmp_path / "cache")
-    status, done = run_json(capsys, "finalize", str(fat), "--target", "cpu:armv8.2-a", "--cache-dir", cache)
+    status, done = cli_json(capsys, "finalize", str(fat), "--target", "cpu:armv8.2-a", "--cache-dir", cache)
     assert status == 0
     assert [(e["origin"], e["code"]) for e in done["entries"]] == [("prebuilt", "ELF aarch64 (machine 183)")]
-    status, listed = run_json(capsys, "cache", "ls", "--cache-dir", cache)
+    status, listed = cli_json(capsys, "cache", "ls", "--cache-dir", cache)
     assert [(e["device_label"], e["serves"]) for e in listed] == [("cpu:armv8.2-a", serves["cpu:armv8.2-a"])]
 
 
@@ -185,6 +168,6 @@ def test_a_worker_cross_compiles_a_level_without_a_prebuilt_slice(examples_bundl
     """`portkern finalize --target cpu:armv9-a` of an ONNX kernel: compiled by a worker into AArch64 code."""
     capsys.readouterr()
     cache = str(tmp_path / "cache")
-    status, done = run_json(capsys, "finalize", str(examples_bundle), "--target", "cpu:armv9-a", "--kernel", "mlp", "--cache-dir", cache)
+    status, done = cli_json(capsys, "finalize", str(examples_bundle), "--target", "cpu:armv9-a", "--kernel", "mlp", "--cache-dir", cache)
     assert status == 0
     assert [(e["origin"], e["code"]) for e in done["entries"]] == [("finalized", "ELF aarch64 (machine 183)")]

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import expected_skip
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -35,7 +36,7 @@ def test_warm_start_bench_short(tmp_path):
     assert set(report["figures"]) == {"first_kernel_ms", "further_kernel_ms", "whole_over_source", "cpu_over_source"}
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 ISA levels")
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason=expected_skip("cpu", "x86-64 ISA levels"))
 def test_cold_start_bench_short(tmp_path):
     report = run_bench("cold_start.py")
     whole = report["whole_processes"]

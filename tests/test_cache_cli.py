@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import tempfile
 
 import pytest
+from helpers import cli_json
+from test_cache_store import flip_byte
 
 import portkern
 from portkern.base import framing
@@ -14,12 +15,9 @@ from portkern.cache.store import Store
 from portkern.cache.transfer import FORMAT
 from portkern.cli.main import main
 
-from test_cache_store import flip_byte
-
 
 def cache(capsys, directory, *argv) -> tuple[int, object]:
-    status = main(["cache", *argv, "--cache-dir", str(directory), "--json"])
-    return status, json.loads(capsys.readouterr().out)
+    return cli_json(capsys, "cache", *argv, "--cache-dir", directory)
 
 
 @pytest.fixture
@@ -181,8 +179,8 @@ def _valid_meta() -> dict:
     ],
 )
 def test_the_compiled_export_check_refuses_what_the_schema_refuses(change):
-    from portkern.cache.transfer import check_meta
     from portkern.base.errors import CacheError
+    from portkern.cache.transfer import check_meta
     from portkern.schemas import validator
 
     meta = _valid_meta()

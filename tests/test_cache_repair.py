@@ -10,35 +10,35 @@ import warnings
 from pathlib import Path
 
 import pytest
+from helpers import assert_matches, logged_messages
+from test_cache_scale import assert_counters_match, synthetic
 
 import portkern
-from portkern.cache import scratch
-from portkern.cache.repair import DATABASE_FILES
-from portkern.cache.config import DEFAULT_MAX_SIZE, CacheConfig, CacheWarning, from_env
 from portkern.base.settings import SettingWarning
+from portkern.cache import scratch
+from portkern.cache.config import DEFAULT_MAX_SIZE, CacheConfig, CacheWarning, from_env
+from portkern.cache.repair import DATABASE_FILES
 from portkern.cache.store import Store
 from portkern.cli.main import main
 from portkern.examples.reference import EXAMPLES
 
-from helpers import assert_matches
-from test_cache_scale import assert_counters_match, synthetic
-
 
 def caught_warnings(action):
-    with warnings.catch_warnings(record=True) as caught:
+    """What `action` returns, and the cache and setting warnings it gave, warned or logged."""
+    with warnings.catch_warnings(record=True) as caught, logged_messages() as logged:
         warnings.simplefilter("always")
         result = action()
-    return result, [str(w.message) for w in caught if issubclass(w.category, (CacheWarning, SettingWarning))]
+    return result, [str(w.message) for w in caught if issubclass(w.category, (CacheWarning, SettingWarning))] + logged
 
 
 def damage_record(directory: Path, name: str, how: str) -> None:
     db = sqlite3.connect(directory / "cache.db")
     if how == "truncate":
-        db.execute("UPDATE Cache SET value = substr(value, 1, length(value) / 2) WHERE key = ?", (name,))
+        db.execute("UPDATE portkern_records SET value = substr(value, 1, length(value) / 2) WHERE name = ?", (name,))
     elif how == "not-utf8":
-        db.execute("UPDATE Cache SET value = CAST(X'7B22FF' AS TEXT) WHERE key = ?", (name,))
+        db.execute("UPDATE portkern_records SET value = CAST(X'7B22FF' AS TEXT) WHERE name = ?", (name,))
     else:  # valid JSON, wrong shape
-        db.execute("UPDATE Cache SET value = '{\"key\": 3}' WHERE key = ?", (name,))
+        db.execute("UPDATE portkern_records SET value = '{\"key\": 3}' WHERE name = ?", (name,))
     db.commit()
     db.close()
 
@@ -127,12 +127,12 @@ def test_verify_removes_stray_files_and_stale_locks_and_clear_removes_everything
     store.put_many(synthetic(i, 40_000) for i in range(3))
     stray = directory / "ab" / "cd" / "0123456789abcdef0123456789.val"
     stray.parent.mkdir(parents=True)
-    stray.write_bytes(b"partial write of a killed process")
+    stray.write_bytes(b"a value file of the diskcache layout")
     (directory / "locks").mkdir(exist_ok=True)
     (directory / "locks" / "deadbeef.lock").write_text("")
     (directory / "notes.txt").write_text("unknown to the database")
     found = {(f.kind, f.name) for f in store.verify()}
-    assert found == {("file", "ab/cd/0123456789abcdef0123456789.val"), ("lock", "locks/deadbeef.lock"), ("file", "notes.txt")}
+    assert found == {("file", "ab"), ("lock", "locks/deadbeef.lock"), ("file", "notes.txt")}
     assert store.verify() == [] and len(store.entries()) == 3
     (directory / "more-unknown").mkdir()
     assert store.clear() == 3
@@ -142,14 +142,55 @@ def test_verify_removes_stray_files_and_stale_locks_and_clear_removes_everything
     assert store.entries() == [] and store.stats()["bytes"] == 0
 
 
-def test_a_row_whose_file_is_gone_is_removed_by_verify(tmp_path):
-    store = Store(CacheConfig(tmp_path / "v1", 1 << 30, False))
-    store.put_many(synthetic(i, 40_000) for i in range(2))
-    (victim,) = [p for p in store.directory.rglob("*.val")][:1]
-    victim.unlink()
-    found = store.verify()
-    assert {f.kind for f in found} == {"file", "entry"} and len(store.entries()) == 1
-    assert_counters_match(store)
+def written_with_diskcache(directory: Path) -> None:
+    """Rewrite a closed cache in the layout portkern wrote with diskcache: its `Cache` table, with
+    values of 32 KiB and more in `ab/cd/<hex>.val` files (text as UTF-8), and its `Settings`."""
+    db = sqlite3.connect(directory / "cache.db")
+    db.execute("CREATE TABLE Settings (key TEXT NOT NULL UNIQUE, value)")
+    db.execute("CREATE TABLE Cache (rowid INTEGER PRIMARY KEY, key BLOB, raw INTEGER, store_time REAL, expire_time REAL,"
+               " access_time REAL, access_count INTEGER DEFAULT 0, tag BLOB, size INTEGER DEFAULT 0,"
+               " mode INTEGER DEFAULT 0, filename TEXT, value BLOB)")
+    for i, (name, value) in enumerate(db.execute("SELECT name, value FROM portkern_records").fetchall()):
+        if len(value) < 1 << 15:
+            db.execute("INSERT INTO Cache (key, raw, mode, value) VALUES (?, 1, 1, ?)", (name, value))
+            continue
+        filename = f"{i % 256:02x}/{i // 256:02x}/{i:032x}.val"
+        (directory / filename).parent.mkdir(parents=True, exist_ok=True)
+        (directory / filename).write_bytes(value if isinstance(value, bytes) else value.encode())
+        db.execute("INSERT INTO Cache (key, raw, size, mode, filename) VALUES (?, 1, ?, ?, ?)",
+                   (name, len(value), 2 if isinstance(value, bytes) else 3, filename))
+    db.execute("DROP TABLE portkern_records")
+    db.commit()
+    db.close()
+
+
+@pytest.mark.parametrize("indexed", [True, False])
+def test_a_cache_written_with_diskcache_is_moved_into_the_records_on_open(tmp_path, caplog, indexed):
+    directory = tmp_path / "v1"
+    store = Store(CacheConfig(directory, 1 << 30, False))
+    items = [synthetic(i, 40_000 if i % 2 else 300) for i in range(4)]
+    store.put_many(items)
+    store.put_record("t", "a" * 64, {"config": "x" * 40_000})
+    store.put_record("t", "b" * 64, {"config": "y"})
+    assert store.get(items[0][0]) is not None
+    store.close()
+    written_with_diskcache(directory)
+    if not indexed:  # written before the entry index existed
+        db = sqlite3.connect(directory / "cache.db")
+        for table in ("portkern_entries", "portkern_totals", "portkern_counters", "portkern_meta"):
+            db.execute(f"DROP TABLE {table}")
+        db.commit()
+        db.close()
+
+    with caplog.at_level("INFO", logger="portkern.cache"):
+        reopened = Store(CacheConfig(directory, 1 << 30, False))
+        assert [reopened.get(key)[0] for key, _, _ in items] == [data for _, data, _ in items]
+    assert "10 records moved from the diskcache layout" in caplog.text
+    assert reopened.get_record("t", "a" * 64) == {"config": "x" * 40_000}
+    assert reopened.get_record("t", "b" * 64) == {"config": "y"}
+    assert {p.name for p in directory.iterdir()} <= set(DATABASE_FILES) | {"locks"}
+    assert_counters_match(reopened)
+    assert reopened.verify() == []
 
 
 def test_lock_files_do_not_pile_up(tmp_path):

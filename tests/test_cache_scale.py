@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import warnings
 from pathlib import Path
-
-import pytest
 
 from portkern.cache import store as store_module
 from portkern.cache.config import CacheConfig
@@ -195,7 +194,7 @@ def test_ls_lists_the_most_recent_fifty_with_limits_and_filters(tmp_path, capsys
     assert ls("--kernel", "k1", "--limit", "2") == [59, 57]
     assert sorted(ls("--bundle", "b0", "--device", "cpu:x")) == list(range(0, 30, 3))
     assert main(["cache", "ls", "--cache-dir", str(tmp_path)]) == 0
-    assert "the 50 most recently used of 60 entries" in " ".join(capsys.readouterr().out.split())
+    assert "the 50 most recently used of 60 entries" in re.sub(r"\s+", " ", capsys.readouterr().out)
     assert store.count(Filter(kernel="k0")) == 30
 
 

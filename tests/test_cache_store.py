@@ -5,37 +5,30 @@ from __future__ import annotations
 import os
 import sqlite3
 import warnings
-from pathlib import Path
 
 import pytest
+from helpers import assert_matches, logged
 
 import portkern
+from portkern.base.errors import SettingError
+from portkern.base.settings import parse_duration as parse_age
+from portkern.base.settings import parse_size
 from portkern.cache.config import CacheConfig, from_env
-from portkern.base.settings import parse_duration as parse_age, parse_size
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, kernel_digest
 from portkern.cache.store import CacheWarning, Entry, Store
-from portkern.base.errors import SettingError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit.toolchain import IreeToolchain
 
-from helpers import assert_matches
-
 
 def flip_byte(store: Store, key: str, offset: int = 100) -> None:
-    """Corrupt a stored artifact in place, whether diskcache keeps it inline or in a file."""
+    """Corrupt a stored artifact in place, in the database file."""
     db = sqlite3.connect(store.directory / "cache.db")
-    filename, value = db.execute("SELECT filename, value FROM Cache WHERE key = ?", (f"a/{key}",)).fetchone()
-    if filename:
-        path = store.directory / filename
-        data = bytearray(path.read_bytes())
-        data[offset] ^= 0x01
-        path.write_bytes(bytes(data))
-    else:
-        data = bytearray(value)
-        data[offset] ^= 0x01
-        db.execute("UPDATE Cache SET value = ? WHERE key = ?", (bytes(data), f"a/{key}"))
-        db.commit()
+    (value,) = db.execute("SELECT value FROM portkern_records WHERE name = ?", (f"a/{key}",)).fetchone()
+    data = bytearray(value)
+    data[offset] ^= 0x01
+    db.execute("UPDATE portkern_records SET value = ? WHERE name = ?", (bytes(data), f"a/{key}"))
+    db.commit()
     db.close()
 
 
@@ -88,7 +81,6 @@ def test_changed_compiler_or_device_misses_end_to_end(examples_bundle, store, mo
 
 def test_other_bundle_with_same_kernel_shares_the_entry(examples_bundle, store, tmp_path):
     from portkern.examples import MANIFEST
-
     from portkern.portable.builder import build_file
 
     text = MANIFEST.read_text().replace("bundle: examples", "bundle: renamed")
@@ -106,11 +98,11 @@ def test_flipped_byte_is_found_by_verify(examples_bundle, store):
     assert store.entries() == []
 
 
-def test_flipped_byte_is_found_by_the_loader_and_rebuilt(examples_bundle, store, rng):
+def test_flipped_byte_is_found_by_the_loader_and_rebuilt(examples_bundle, store, rng, caplog):
     kernel = portkern.load(examples_bundle, store=store).kernel("gemm_transpose_add")
     flip_byte(store, kernel.native.key, offset=kernel.native.data.find(b"\x7fELF") + 64)
-    with pytest.warns(CacheWarning, match="is corrupt; evicted, it will be rebuilt"):
-        again = portkern.load(examples_bundle, store=store).kernel("gemm_transpose_add")
+    again = portkern.load(examples_bundle, store=store).kernel("gemm_transpose_add")
+    assert logged(caplog, "is corrupt; evicted, it will be rebuilt")
     assert again.origin == "finalized" and again.native.data == kernel.native.data
     example = EXAMPLES["gemm_transpose_add"]
     inputs = example.inputs(rng)
@@ -175,12 +167,12 @@ def test_cache_dir_that_cannot_be_created_warns_once_and_runs(examples_bundle, t
 
 
 def test_full_disk_while_writing_warns_and_runs(examples_bundle, store, monkeypatch, rng):
-    import diskcache
+    from portkern.cache.database import Database
 
     def full(self, *args, **kwargs):
         raise sqlite3.OperationalError("database or disk is full")
 
-    monkeypatch.setattr(diskcache.Cache, "set", full)
+    monkeypatch.setattr(Database, "set", full)
     with pytest.warns(CacheWarning, match="disk is full"):
         kernel = portkern.load(examples_bundle, store=store).kernel("gemm_bias_relu")
     example = EXAMPLES["gemm_bias_relu"]

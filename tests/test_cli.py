@@ -2,30 +2,25 @@
 
 from __future__ import annotations
 
-import re
-
 import json
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from helpers import cli_json
 
 from portkern.cli.main import main
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 
 
-def run_json(capsys, *argv) -> tuple[int, object]:
-    status = main([*argv, "--json"])
-    return status, json.loads(capsys.readouterr().out)
-
-
 def test_build_and_inspect(tmp_path, capsys):
     out = tmp_path / "b.pkb"
-    status, built = run_json(capsys, "build", str(MANIFEST), "-o", str(out))
+    status, built = cli_json(capsys, "build", str(MANIFEST), "-o", str(out))
     assert status == 0 and built["written"] == str(out)
-    status, shown = run_json(capsys, "inspect", str(out))
+    status, shown = cli_json(capsys, "inspect", str(out))
     assert status == 0 and shown["digest"] == built["digest"] and shown["format_version"] == "1.2"
     assert shown["size"] == out.stat().st_size == shown["parameters"]["offset"] + shown["parameters"]["size"]
     kernels = {k["name"]: k for k in shown["kernels"]}
@@ -41,7 +36,7 @@ def test_run_writes_results_that_match_numpy(examples_bundle, tmp_path, capsys, 
     for i, array in enumerate(inputs):
         paths.append(tmp_path / f"in{i}.npy")
         np.save(paths[-1], array)
-    status, report = run_json(
+    status, report = cli_json(
         capsys, "run", str(examples_bundle), "gemm_transpose_add", "--inputs", *map(str, paths),
         "--out", str(tmp_path / "out.npz"), "--cache-dir", str(tmp_path / "cache"),
     )
@@ -58,7 +53,7 @@ def test_run_refuses_pickled_inputs(examples_bundle, tmp_path, capsys):
 
 
 def test_devices_lists_this_cpu(capsys):
-    status, report = run_json(capsys, "devices")
+    status, report = cli_json(capsys, "devices")
     cpu = next(p for p in report if p["kind"] == "cpu")
     assert status == 0 and cpu["found"] and cpu["devices"][0]["label"].startswith("cpu:")
     assert len(cpu["devices"][0]["fingerprint"]) == 64
@@ -122,7 +117,7 @@ def test_console_script_has_no_traceback(tmp_path):
 
 def test_demo_builds_runs_and_checks_every_example(tmp_path, capsys):
     (tmp_path / "opencl-examples.pkb").write_bytes(b"someone else's bundle")
-    status, report = run_json(capsys, "demo", "-o", str(tmp_path / "demo.pkb"), "--cache-dir", str(tmp_path / "cache"))
+    status, report = cli_json(capsys, "demo", "-o", str(tmp_path / "demo.pkb"), "--cache-dir", str(tmp_path / "cache"))
     assert status == 0 and report["ok"]
     assert (tmp_path / "opencl-examples.pkb").read_bytes() == b"someone else's bundle"
     assert report["opencl"]["bundle"] == str(tmp_path / "demo-opencl.pkb")

@@ -10,10 +10,9 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import assert_matches, reseal
 
 from portkern.examples.reference import EXAMPLES
-
-from helpers import assert_matches, reseal
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

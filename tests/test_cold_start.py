@@ -13,46 +13,34 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_example, expected_skip, prebuilt_example
 
 import portkern
 from portkern.cli.build import code_kind
-from portkern.cli.main import main
-from portkern.examples import MANIFEST
-from portkern.examples.reference import EXAMPLES
 from portkern.jit import background, cpu
 
-from helpers import assert_matches
-
 LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
-ONE_KERNEL = "bundle: levels\nkernels:\n  - name: gemm_bias_relu\n    source: {source}\n"
 NAME = "gemm_bias_relu"
 
-pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 ISA levels")
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason=expected_skip("cpu", "x86-64 ISA levels"))
 
 
 @pytest.fixture(scope="module")
 def levels(tmp_path_factory):
     """A one-kernel bundle with baseline code for each x86-64 ISA level."""
-    where = tmp_path_factory.mktemp("levels")
-    (where / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
-    out = where / "levels.pkb"
-    prebuild = ",".join(f"cpu:{level}" for level in LEVELS)
-    assert main(["build", str(where / "manifest.yaml"), "-o", str(out), "--prebuild", prebuild, "--json"]) == 0
-    return out
+    return prebuilt_example(tmp_path_factory.mktemp("levels"), "levels", [f"cpu:{level}" for level in LEVELS])
 
 
 def highest_level_here() -> str:
     here = cpu.host()
     runnable = [level for level in LEVELS if cpu.can_run(cpu.resolve(level), here)]
     if not runnable:
-        pytest.skip(f"this host runs none of {LEVELS}")
+        pytest.skip(expected_skip("cpu", f"this host runs none of {LEVELS}"))
     return runnable[-1]
 
 
 def check(kernel, seed: int) -> None:
-    example = EXAMPLES[NAME]
-    inputs = example.inputs(np.random.default_rng(seed))
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, np.random.default_rng(seed))
 
 
 def test_the_highest_isa_level_this_cpu_has_serves_at_once_then_the_exact_code(levels, store):
@@ -95,13 +83,11 @@ def test_the_swap_under_concurrent_calls_keeps_every_result_correct(levels, stor
 
     def caller(seed: int) -> None:
         seen, extra = set(), 3
-        example = EXAMPLES[NAME]
         rng = np.random.default_rng(seed)
         try:
             while extra > 0:  # until three calls after the swap
                 seen.add(kernel.origin)
-                inputs = example.inputs(rng)
-                assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+                assert_example(kernel, rng)
                 if kernel.specialisation.done:
                     extra -= 1
         except Exception as exc:  # reported, and the test fails on it
@@ -141,8 +127,9 @@ EXIT_PENDING = textwrap.dedent(
     from portkern.cache.config import CacheConfig
     from portkern.cache.store import Store
     from pathlib import Path
+    from portkern.jit.workers import shared_pool
     kernel = portkern.load(sys.argv[1], store=Store(CacheConfig(Path(sys.argv[2]), 1 << 30, False))).kernel("gemm_bias_relu")
-    pool = kernel.specialisation._pool
+    pool = shared_pool()  # the specialisation's: a bundle's compiles run on the process's pool
     for _ in range(6000):
         if pool.pids or kernel.specialisation.done:
             break
@@ -157,14 +144,13 @@ def test_exit_with_a_pending_specialisation_leaves_no_worker(levels, tmp_path):
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     origin, *pids = done.stdout.split()
-    assert origin == "baseline"
+    assert origin == "baseline" and pids, done.stdout  # it exited while its worker compiled
     for pid in map(int, pids):
-        for _ in range(500):  # killed by the exiting process; reaped by it or by init
-            if not _alive(pid):
-                break
+        deadline = time.monotonic() + 60  # a bound on a hang, not a timing judgement
+        while _alive(pid):  # killed by the exiting process; reaped by it or by init
+            if time.monotonic() > deadline:
+                pytest.fail(f"worker {pid} outlived the process that started it")
             time.sleep(0.01)
-        else:
-            pytest.fail(f"worker {pid} outlived the process that started it")
 
 
 def _alive(pid: int) -> bool:

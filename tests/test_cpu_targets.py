@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import assert_example, assert_matches, expected_skip
 
 import portkern
 from portkern.base.errors import DeviceError
@@ -14,8 +15,6 @@ from portkern.jit.devices import resolve
 from portkern.jit.finalize import finalize
 from portkern.portable.bundle import read_bundle
 from portkern.portable.compiler import Compiler
-
-from helpers import assert_matches
 
 
 def test_bundle_stage_has_no_target(examples_bundle):
@@ -66,9 +65,7 @@ def test_loader_finalises_for_whatever_cpu_it_detects(examples_bundle, store, mo
     kernel = portkern.load(examples_bundle, store=store).kernel("gemm_rowsum")
     assert kernel.device == "cpu:haswell"
     assert "--iree-llvmcpu-target-cpu=haswell" in kernel.target.flags
-    example = EXAMPLES["gemm_rowsum"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng, "gemm_rowsum")
 
 
 def test_cpu_with_features_this_host_lacks_is_not_run(examples_bundle, store):
@@ -77,7 +74,7 @@ def test_cpu_with_features_this_host_lacks_is_not_run(examples_bundle, store):
     candidates = ["graniterapids", "sapphirerapids", "znver5", "skylake-avx512"]
     foreign = next((c for c in candidates if not cpu.can_run(cpu.resolve(c, store), host)), None)
     if foreign is None:
-        pytest.skip("this host has every feature of the candidate CPUs")
+        pytest.skip(expected_skip("cpu", "this host has every feature of the candidate CPUs"))
     target = resolve(f"cpu:{foreign}", store)
     assert not target.runnable and "lacks CPU features" in target.reason
     with pytest.raises(DeviceError, match=re.escape(f"cannot run 'gemm_glu' on cpu:{foreign} here")):

@@ -4,31 +4,22 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 
-import pytest
+from helpers import assert_example, cli_json, logged
 
 import portkern
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.cli.main import main
-from portkern.examples.reference import EXAMPLES
 from portkern.jit import codeobject
 from portkern.jit.devices import resolve
 from portkern.jit.loader import LoadedBundle
 from portkern.portable.bundle import NativeArtifact, read_bundle, sha256
 
-from helpers import assert_matches
-
-
-def run_json(capsys, *argv):
-    status = main([*argv, "--json"])
-    return status, json.loads(capsys.readouterr().out)
-
 
 def test_cross_finalised_entries_are_served_only_to_the_same_fingerprint(gpu_bundle, tmp_path, capsys):
     cache = tmp_path / "cache"
-    status, report = run_json(capsys, "finalize", str(gpu_bundle), "--target", "gfx942", "--cache-dir", str(cache))
+    status, report = cli_json(capsys, "finalize", str(gpu_bundle), "--target", "gfx942", "--cache-dir", str(cache))
     assert status == 0
     (entry,) = report["entries"]
     assert entry["ok"] and entry["origin"] == "finalized" and entry["target"] == "amdgpu:gfx942"
@@ -47,20 +38,20 @@ def test_cross_finalised_entries_are_served_only_to_the_same_fingerprint(gpu_bun
     assert {e.device_label for e in store.entries()} == {"amdgpu:gfx942", "amdgpu:gfx1100"}
 
 
-def test_cached_code_for_another_arch_is_evicted_and_rebuilt(gpu_bundle, gpu_native, store):
+def test_cached_code_for_another_arch_is_evicted_and_rebuilt(gpu_bundle, gpu_native, store, caplog):
     loaded = portkern.load(gpu_bundle, store=store)
     record = loaded.record("gemm_bias_relu")
     target = resolve("gfx1100", store)
     plan = loaded.plan(record, target)
-    store.put(plan.hex, gpu_native("gfx942"), loaded.entry(plan, loaded.obtain(plan)))
-    with pytest.warns(UserWarning, match="is not code for amdgpu:gfx1100 .*code object for gfx942"):
-        native = loaded.native(record, target)
+    store.put(plan.hex, gpu_native("gfx942"), loaded.natives.entry(plan, loaded.natives.obtain(plan)))
+    native = loaded.native(record, target)
+    assert logged(caplog, "is not code for amdgpu:gfx1100 .*code object for gfx942")
     assert native.origin == "finalized" and codeobject.inspect(native.data).archs == ("gfx1100",)
 
 
 def test_cross_finalise_for_a_named_cpu_runs_here(examples_bundle, tmp_path, capsys, rng):
     cache = tmp_path / "cache"
-    status, report = run_json(
+    status, report = cli_json(
         capsys, "finalize", str(examples_bundle), "--target", "cpu:haswell", "--kernel", "gemm_glu", "--cache-dir", str(cache)
     )
     assert status == 0 and [(e["kernel"], e["origin"]) for e in report["entries"]] == [("gemm_glu", "finalized")]
@@ -68,9 +59,7 @@ def test_cross_finalise_for_a_named_cpu_runs_here(examples_bundle, tmp_path, cap
         "gemm_glu", device="cpu:haswell"
     )
     assert kernel.origin == "cache"
-    example = EXAMPLES["gemm_glu"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng, "gemm_glu")
 
 
 def test_finalize_reports_bad_targets_in_one_line(gpu_bundle, capsys):
@@ -90,7 +79,7 @@ def test_export_needs_the_cache_transfer_module(gpu_bundle, tmp_path, capsys):
         assert main(argv) == 1
         assert "--export needs portkern.cache.transfer" in capsys.readouterr().err
         return
-    status, report = run_json(capsys, *argv)
+    status, report = cli_json(capsys, *argv)
     assert status == 0 and report["exported"]["path"] == str(out) and report["exported"]["entries"] == 1
     fleet = Store(CacheConfig(tmp_path / "b" / "v1", 1 << 30, False))
     imported = transfer.import_(fleet, out, allow_unsigned=True)
@@ -104,14 +93,14 @@ def test_export_needs_the_cache_transfer_module(gpu_bundle, tmp_path, capsys):
 
 def test_prebuilt_native_code_is_used_on_an_exact_match(gpu_bundle, tmp_path, capsys, store, rng):
     out = tmp_path / "fat.pkb"
-    status, built = run_json(
+    status, built = cli_json(
         capsys, "build", str(gpu_bundle.parent / "manifest.yaml"), "-o", str(out), "--prebuild", "gfx942,cpu:haswell"
     )
     assert status == 0
     (kernel,) = built["kernels"]
     assert [n["target"] for n in kernel["native"]] == ["amdgpu:gfx942", "cpu:haswell"]
     assert kernel["native"][0]["device"] == {"kind": "amdgpu", "arch": "gfx942", "features": "", "properties": {}}
-    status, shown = run_json(capsys, "inspect", str(out))
+    status, shown = cli_json(capsys, "inspect", str(out))
     assert shown["kernels"][0]["native"] == kernel["native"]
 
     loaded = portkern.load(out, store=store)
@@ -123,12 +112,10 @@ def test_prebuilt_native_code_is_used_on_an_exact_match(gpu_bundle, tmp_path, ca
 
     cpu_kernel = loaded.kernel("gemm_bias_relu", device="cpu:haswell")
     assert cpu_kernel.origin == "prebuilt"
-    example = EXAMPLES["gemm_bias_relu"]
-    inputs = example.inputs(rng)
-    assert_matches(cpu_kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(cpu_kernel, rng, "gemm_bias_relu")
 
 
-def test_prebuilt_slice_with_wrong_code_is_ignored(gpu_bundle, gpu_native, store):
+def test_prebuilt_slice_with_wrong_code_is_ignored(gpu_bundle, gpu_native, store, caplog):
     bundle = read_bundle(gpu_bundle)
     wrong = gpu_native("gfx1100")
     target = resolve("gfx942", store)
@@ -138,6 +125,6 @@ def test_prebuilt_slice_with_wrong_code_is_ignored(gpu_bundle, gpu_native, store
     )
     tampered = dataclasses.replace(bundle, kernels=(record,), blobs={**bundle.blobs, sha256(wrong): wrong})
     loaded = LoadedBundle(tampered, gpu_bundle, store)
-    with pytest.warns(UserWarning, match="prebuilt amdgpu:gfx942 code of 'gemm_bias_relu' ignored: code object for gfx1100"):
-        native = loaded.native(record, target)
+    native = loaded.native(record, target)
+    assert logged(caplog, "prebuilt amdgpu:gfx942 code of 'gemm_bias_relu' ignored: code object for gfx1100")
     assert native.origin == "finalized" and codeobject.inspect(native.data).archs == ("gfx942",)

@@ -3,29 +3,16 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
+from helpers import cli_json, example_manifest, opencl_device_missing
 
 from portkern.cli.main import main
-from portkern.examples import MANIFEST
 from portkern.portable.bundle import read_bundle
-
-from helpers import opencl_device_missing
-
-ONE_KERNEL = "bundle: deploy\nkernels:\n  - name: gemm_bias_relu\n    source: {source}\n"
-
-
-def run(capsys, *argv) -> tuple[int, object]:
-    status = main([*argv, "--json"])
-    return status, json.loads(capsys.readouterr().out)
 
 
 @pytest.fixture
 def manifest(tmp_path):
-    path = tmp_path / "manifest.yaml"
-    path.write_text(ONE_KERNEL.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
-    return path
+    return example_manifest(tmp_path, "deploy")
 
 
 @pytest.fixture
@@ -38,20 +25,20 @@ def test_prebuild_with_a_failing_target_still_writes_the_bundle(manifest, tmp_pa
     """An OpenCL device cannot take an MLIR kernel's prebuilt code: reported, exit 1, the
     CPU slice is still in the written bundle."""
     out = tmp_path / "b.pkb"
-    status, report = run(capsys, "build", str(manifest), "-o", str(out), "--prebuild", "cpu,opencl")
+    status, report = cli_json(capsys, "build", str(manifest), "-o", str(out), "--prebuild", "cpu,opencl")
     assert status == 1
     (failure,) = report["prebuild_failures"]
     assert failure["kernel"] == "gemm_bias_relu" and failure["target"].startswith("opencl:") and "IREE" in failure["error"]
     (record,) = read_bundle(out).kernels
     assert [n.target.split(":")[0] for n in record.native] == ["cpu"]
-    status, _ = run(capsys, "build", str(manifest), "-o", str(tmp_path / "c.pkb"), "--prebuild", "cpu")
+    status, _ = cli_json(capsys, "build", str(manifest), "-o", str(tmp_path / "c.pkb"), "--prebuild", "cpu")
     assert status == 0
 
 
 def test_finalize_keeps_going_and_exports_what_succeeded(examples_bundle, tmp_path, capsys, opencl_device):
     export = tmp_path / "fleet.pkc"
     cache = str(tmp_path / "cache")
-    status, report = run(
+    status, report = cli_json(
         capsys, "finalize", str(examples_bundle), "--target", "opencl,cpu", "--kernel", "mlp", "--export", str(export), "--cache-dir", cache
     )
     assert status == 1
@@ -72,16 +59,16 @@ def fleet_export(examples_bundle, tmp_path_factory):
 @pytest.mark.parametrize("spelling", ["gfx942", "amdgpu:gfx942", "hip:gfx942", "rocm:gfx942"])
 def test_export_and_import_take_every_target_spelling(fleet_export, tmp_path, capsys, spelling):
     cache = str(fleet_export / "cache")
-    status, exported = run(capsys, "cache", "export", str(tmp_path / "one.pkc"), "--device", spelling, "--cache-dir", cache)
+    status, exported = cli_json(capsys, "cache", "export", str(tmp_path / "one.pkc"), "--device", spelling, "--cache-dir", cache)
     assert status == 0 and exported["entries"] == 1
-    status, imported = run(capsys, "cache", "import", str(fleet_export / "fleet.pkc"), "--allow-unsigned", "--device", spelling, "--cache-dir", str(tmp_path / "c"))
+    status, imported = cli_json(capsys, "cache", "import", str(fleet_export / "fleet.pkc"), "--allow-unsigned", "--device", spelling, "--cache-dir", str(tmp_path / "c"))
     assert status == 0 and imported["entries"] == 1
-    status, listed = run(capsys, "cache", "ls", "--cache-dir", str(tmp_path / "c"))
+    status, listed = cli_json(capsys, "cache", "ls", "--cache-dir", str(tmp_path / "c"))
     assert [e["device_label"] for e in listed] == ["amdgpu:gfx942"]
 
 
 def test_device_cpu_means_this_host(fleet_export, capsys):
-    status, listed = run(capsys, "cache", "ls", "--device", "cpu", "--cache-dir", str(fleet_export / "cache"))
+    status, listed = cli_json(capsys, "cache", "ls", "--device", "cpu", "--cache-dir", str(fleet_export / "cache"))
     assert status == 0 and [e["kernel"] for e in listed] == ["mlp"] and listed[0]["device_label"].startswith("cpu:")
 
 

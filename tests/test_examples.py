@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from helpers import assert_matches
 
 import portkern
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 from portkern.portable.manifest import load_manifest
-
-from helpers import assert_matches
 
 
 @pytest.mark.parametrize("name", sorted(k.name for k in load_manifest(MANIFEST).kernels))

@@ -15,22 +15,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import expected_skip, prebuilt_example
 
 import portkern
-from portkern.cli.main import main
-from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
 
 LEVELS = ("x86-64-v2", "x86-64-v3", "x86-64-v4")
 NAME = "gemm_bias_relu"
-ONE_KERNEL = "bundle: levels\nkernels:\n  - name: gemm_bias_relu\n    source: {source}\n"
 #: Runs of each scenario.
 RUNS = 5
 #: A run still going after this long has hung.
-HANG_S = 30
+HANG_S = 60
 SEED = 7
 
-pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 ISA levels")
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason=expected_skip("cpu", "x86-64 ISA levels"))
 
 SCRIPT = textwrap.dedent(
     """
@@ -88,12 +86,7 @@ SCRIPT = textwrap.dedent(
 @pytest.fixture(scope="module")
 def levels(tmp_path_factory):
     """A one-kernel bundle with baseline code for each x86-64 ISA level."""
-    where = tmp_path_factory.mktemp("exit-levels")
-    (where / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / f"{NAME}.mlir"))
-    out = where / "levels.pkb"
-    prebuild = ",".join(f"cpu:{level}" for level in LEVELS)
-    assert main(["build", str(where / "manifest.yaml"), "-o", str(out), "--prebuild", prebuild, "--json"]) == 0
-    return out
+    return prebuilt_example(tmp_path_factory.mktemp("exit-levels"), "levels", [f"cpu:{level}" for level in LEVELS], NAME)
 
 
 @pytest.fixture(scope="module")

@@ -4,22 +4,23 @@ results import either way; `--allow-unsigned` takes unsigned code and says so.""
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 
 import pytest
 
 pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (model-signing)")
 
+from helpers import assert_example, cli_json  # noqa: E402
+
 import portkern  # noqa: E402
-from helpers import assert_matches  # noqa: E402
-from portkern.base import signing  # noqa: E402
-from portkern.base import framing  # noqa: E402
+from portkern.base import (
+    framing,  # noqa: E402
+    signing,  # noqa: E402
+)
 from portkern.cache.config import CacheConfig  # noqa: E402
 from portkern.cache.store import Store  # noqa: E402
 from portkern.cache.transfer import FORMAT  # noqa: E402
 from portkern.cli.main import main  # noqa: E402
-from portkern.examples.reference import EXAMPLES  # noqa: E402
 from portkern.jit import devices  # noqa: E402
 from portkern.jit.loader import compiler_id, selection_problem  # noqa: E402
 
@@ -42,8 +43,7 @@ def exported(examples_bundle, tmp_path, keys):
 
 
 def import_json(capsys, path, cache_dir, *extra) -> tuple[int, dict]:
-    status = main(["cache", "import", str(path), "--cache-dir", str(cache_dir), "--json", *extra])
-    return status, json.loads(capsys.readouterr().out)
+    return cli_json(capsys, "cache", "import", path, "--cache-dir", cache_dir, *extra)
 
 
 def swap_native_code(path) -> None:
@@ -65,9 +65,7 @@ def test_a_signed_export_from_a_trusted_key_imports_and_runs(exported, examples_
     assert report["signature"]["trusted"] and not report["unsigned_allowed"]
     kernel = portkern.load(examples_bundle, store=Store(CacheConfig(tmp_path / "device" / "v1", 1 << 30, False))).kernel("gemm_bias_relu")
     assert kernel.origin == "cache"
-    example = EXAMPLES["gemm_bias_relu"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng, "gemm_bias_relu")
 
 
 @pytest.mark.parametrize("signer, reason", [(None, "not signed"), ("stranger", "untrusted key"), ("farm-before-swap", "does not verify")])
@@ -108,16 +106,15 @@ def test_signing_key_from_the_environment_and_stale_signatures(exported, keys, t
     assert main(["cache", "export", str(copy), "--cache-dir", str(tmp_path / "farm"), "--sign"]) == 1
     assert "needs PORTKERN_SIGNING_KEY" in capsys.readouterr().err
     monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
-    assert main(["cache", "export", str(copy), "--cache-dir", str(tmp_path / "farm"), "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["signed"] == str(signing.signature_path(copy))
+    status, report = cli_json(capsys, "cache", "export", copy, "--cache-dir", tmp_path / "farm")
+    assert status == 0 and report["signed"] == str(signing.signature_path(copy))
 
 
 def test_finalize_export_is_signed_and_imports_where_the_signer_is_trusted(examples_bundle, keys, tmp_path, capsys, monkeypatch):
     path = tmp_path / "farm.pkcx"
-    argv = ["finalize", str(examples_bundle), "--target", "cpu:haswell", "--kernel", "gemm_rowsum", "--export", str(path),
-            "--sign", str(keys / "trusted.key"), "--cache-dir", str(tmp_path / "farm"), "--json"]
-    assert main(argv) == 0
-    assert json.loads(capsys.readouterr().out)["exported"]["signed"] == str(signing.signature_path(path))
+    status, report = cli_json(capsys, "finalize", examples_bundle, "--target", "cpu:haswell", "--kernel", "gemm_rowsum", "--export", path,
+                              "--sign", keys / "trusted.key", "--cache-dir", tmp_path / "farm")
+    assert status == 0 and report["exported"]["signed"] == str(signing.signature_path(path))
     monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
     status, report = import_json(capsys, path, tmp_path / "device")
     assert status == 0 and report["entries"] == 1 and report["signature"]["key_label"] == "build farm"
@@ -129,8 +126,8 @@ def test_an_unsigned_export_says_how_it_will_be_received(exported, tmp_path, cap
     assert main(["cache", "export", str(path), "--cache-dir", str(tmp_path / "farm")]) == 0
     shown = capsys.readouterr().out
     assert "note: not signed" in shown and "refuses its 2 native-code entries unless given --allow-unsigned" in shown
-    assert main(["cache", "export", str(path), "--cache-dir", str(tmp_path / "farm"), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    status, report = cli_json(capsys, "cache", "export", path, "--cache-dir", tmp_path / "farm")
+    assert status == 0
     assert report["signed"] is False and report["entries"] == 2 and "--allow-unsigned" in report["note"]
     assert not signing.signature_path(path).exists()
     monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted.pub"))
@@ -141,8 +138,8 @@ def test_an_unsigned_export_says_how_it_will_be_received(exported, tmp_path, cap
 def test_an_export_signed_with_the_configured_key_imports_under_require(exported, examples_bundle, keys, tmp_path, capsys, monkeypatch, rng):
     monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
     path = tmp_path / "signed.pkcx"
-    assert main(["cache", "export", str(path), "--cache-dir", str(tmp_path / "farm"), "--json"]) == 0
-    report = json.loads(capsys.readouterr().out)
+    status, report = cli_json(capsys, "cache", "export", path, "--cache-dir", tmp_path / "farm")
+    assert status == 0
     assert report["signed"] == str(signing.signature_path(path)) and report["note"] is None
     monkeypatch.delenv("PORTKERN_SIGNING_KEY")
     monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
@@ -152,6 +149,4 @@ def test_an_export_signed_with_the_configured_key_imports_under_require(exported
     monkeypatch.delenv("PORTKERN_REQUIRE_SIGNATURE")  # the examples bundle itself is not signed
     kernel = portkern.load(examples_bundle, store=Store(CacheConfig(tmp_path / "device" / "v1", 1 << 30, False))).kernel("gemm_bias_relu")
     assert kernel.origin == "cache"
-    example = EXAMPLES["gemm_bias_relu"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng, "gemm_bias_relu")

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from fuzzing import KINDS, SOURCE_FORMATS, build_seed, cases, references, run_case, tally
+from helpers import opencl_device_missing, opencl_toolchain_missing
 
 import portkern
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.base.errors import FinalizeError
-
-from fuzzing import KINDS, SOURCE_FORMATS, build_seed, cases, references, run_case, tally
-from helpers import opencl_device_missing, opencl_toolchain_missing
-
 from portkern.portable.producer import installed_compiler
 from portkern.portable.source import CompatibilityWarning
 

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from helpers import expected_skip
 
 import portkern
 from portkern.base.errors import CodeObjectError, DeviceError
-from portkern.examples.reference import EXAMPLES
 from portkern.jit import amdgpu, codeobject, cuda, elf
 from portkern.jit.devices import resolve
 from portkern.jit.finalize import finalize
 from portkern.jit.runtime import Executable
 from portkern.portable.bundle import read_bundle
 from portkern.portable.compiler import Compiler
-
-from helpers import assert_matches
 
 PLACEHOLDERS = (b"portkern-placeholder-amdgpu", b"portkern-placeholder-cuda")
 
@@ -99,7 +96,7 @@ def test_bad_gpu_names_are_clean_errors(spec, message):
         resolve(spec)
 
 
-@pytest.mark.skipif(bool(amdgpu.probe().devices or cuda.probe().devices), reason="this machine has a GPU")
+@pytest.mark.skipif(bool(amdgpu.probe().devices or cuda.probe().devices), reason=expected_skip("device", "this machine has a GPU"))
 @pytest.mark.parametrize(
     "device, message",
     [
@@ -120,7 +117,7 @@ def test_launch_path_without_a_device_is_a_device_error(gpu_native):
 
     for spec, driver in (("gfx942", "hip"), ("cuda:sm_90", "cuda")):
         if not driver_problem(driver):
-            pytest.skip(f"IREE's {driver} driver works on this machine")
+            pytest.skip(expected_skip("device", f"IREE's {driver} driver works on this machine"))
         with pytest.raises(DeviceError, match=f"IREE runtime driver '{driver}' is not usable here: .*{driver.upper() if driver == 'cuda' else 'HIP'}"):
             Executable(gpu_native(spec), "gemm_bias_relu", driver)
 

@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import expected_skip
 
-from portkern.cli.main import main
 from portkern.base.errors import DeviceError
+from portkern.cli.main import main
 from portkern.jit import amdgpu, cuda
 from portkern.jit.devices import probe_all, resolve
 from portkern.jit.gpu import driver_problem
@@ -26,7 +27,7 @@ def _rocm_loadable() -> bool:
     return bool(hip.has_symbol("hipGetDeviceCount"))
 
 
-@pytest.mark.skipif(_rocm_loadable(), reason="the HIP runtime is installed here")
+@pytest.mark.skipif(_rocm_loadable(), reason=expected_skip("device", "the HIP runtime is installed here"))
 def test_amd_probe_without_rocm_reports_the_reason():
     pytest.importorskip("hip", reason="hip-python (portkern[amd]) is not installed")
     probe = amdgpu.probe()
@@ -62,14 +63,14 @@ def _cuda_loadable() -> bool:
     return True
 
 
-@pytest.mark.skipif(_cuda_loadable(), reason="an NVIDIA driver is installed here")
+@pytest.mark.skipif(_cuda_loadable(), reason=expected_skip("device", "an NVIDIA driver is installed here"))
 def test_cuda_probe_without_driver_reports_the_reason():
     probe = cuda.probe()
     assert probe.devices == () and probe.reason == "no NVIDIA driver: libcuda.so.1 is not loadable"
     assert "CUDA driver library" in driver_problem("cuda")
 
 
-@pytest.mark.skipif(bool(amdgpu.probe().devices), reason="this machine has an AMD GPU")
+@pytest.mark.skipif(bool(amdgpu.probe().devices), reason=expected_skip("device", "this machine has an AMD GPU"))
 def test_named_amd_target_without_device_is_not_runnable_but_usable_for_finalising(store):
     with pytest.raises(DeviceError, match=re.escape(f"no AMD GPU here: {amdgpu.probe().reason}")):
         resolve("amdgpu", store)

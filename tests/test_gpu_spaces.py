@@ -9,8 +9,8 @@ import pytest
 from helpers import build_mlir
 
 import portkern
-from portkern.cli.main import main
 from portkern.base.errors import PerfConfigError
+from portkern.cli.main import main
 from portkern.examples import GEMM_RELU_768
 from portkern.jit import devices
 from portkern.jit.workers import Pool
@@ -35,7 +35,7 @@ def analysed(examples_bundle, gemm768):
     def analyse(bundle: str, kernel: str, spec: str):
         if (bundle, kernel, spec) not in found:
             loaded = portkern.load(paths[bundle])
-            result = loaded.analyse(loaded.plan(loaded.record(kernel), devices.resolve(spec)))
+            result = loaded.natives.analyse(loaded.plan(loaded.record(kernel), devices.resolve(spec)))
             found[bundle, kernel, spec] = [registry.dispatch_from_data(d) for d in result.dispatches]
         return found[bundle, kernel, spec]
 
@@ -116,7 +116,7 @@ def test_compile_only_a_seeded_few_give_checked_code_objects(gemm768, spec):
     target = devices.resolve(spec)
     assert not target.runnable  # no such GPU here: only compiling is possible
     with Pool(2) as pool:
-        (report,) = compile_space(loaded, loaded.record("gemm_relu_768"), target, pool, budget=3)
+        (report,) = compile_space(loaded.natives, loaded.record("gemm_relu_768"), target, pool, budget=3)
     assert report.candidates == 4 and "3 of" in report.note  # the default and three from the space
     assert report.compiled == 4 and report.failed == 0, report.failures
 
@@ -129,7 +129,7 @@ def test_configs_the_rules_prune_fail_in_the_compiler(gemm768):
 
     loaded = portkern.load(gemm768)
     record, target = loaded.record("gemm_relu_768"), devices.resolve("gfx942")
-    analysis = loaded.analyse(loaded.plan(record, target))
+    analysis = loaded.natives.analyse(loaded.plan(record, target))
     default = registry.dispatch_from_data(analysis.dispatches[0]).default
     from portkern.jit.finalize import CONFIGURED_PHASE
     from portkern.jit.workers import Source

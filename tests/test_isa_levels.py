@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import assert_matches, expected_skip
 
 import portkern
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import devices
-
-from helpers import assert_matches
 
 LEVELS = ("cpu:x86-64-v2", "cpu:x86-64-v3", "cpu:x86-64-v4")
 KERNELS = ("gemm_bias_relu", "gemm_glu", "gemm_rowsum", "gemm_transpose_add", "mlp")
@@ -21,10 +20,10 @@ KERNELS = ("gemm_bias_relu", "gemm_glu", "gemm_rowsum", "gemm_transpose_add", "m
 def runnable_or_skip(spec: str, store):
     """The target of an ISA level; skips (naming why) where this host's CPU lacks its features."""
     if devices.resolve("cpu", store).fingerprint.property("triple").split("-")[0] != "x86_64":
-        pytest.skip("x86-64 ISA levels run on x86-64 hosts only")
+        pytest.skip(expected_skip("cpu", "x86-64 ISA levels run on x86-64 hosts only"))
     target = devices.resolve(spec, store)
     if not target.runnable:
-        pytest.skip(f"this host cannot run {spec} code: {target.reason}")
+        pytest.skip(expected_skip("cpu", f"this host cannot run {spec} code: {target.reason}"))
     return target
 
 

@@ -2,30 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import platform
 
 import pytest
+from helpers import assert_example, cli_json, expected_skip, prebuilt_example
 
 import portkern
-from portkern.cli.main import main
-from portkern.examples import MANIFEST
-from portkern.examples.reference import EXAMPLES
 from portkern.jit import cpu
 
-from helpers import assert_matches
-
-ONE_KERNEL = "bundle: named\nkernels:\n  - name: gemm_bias_relu\n    source: {source}\n"
 #: A baseline every x86-64 host of the last decade runs, and CPUs with features hosts often lack.
 SUBSET = "x86-64-v2"
 SUPERSETS = ("graniterapids", "sapphirerapids", "znver5", "znver4")
 
-pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 CPU names")
-
-
-def run(capsys, *argv):
-    status = main([*argv, "--json"])
-    return status, json.loads(capsys.readouterr().out)
+pytestmark = pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason=expected_skip("cpu", "x86-64 CPU names"))
 
 
 def lacking() -> str:
@@ -33,28 +22,22 @@ def lacking() -> str:
     here = cpu.host()
     name = next((n for n in SUPERSETS if not cpu.can_run(cpu.resolve(n), here)), None)
     if name is None:
-        pytest.skip(f"this host runs code for every one of {SUPERSETS}")
+        pytest.skip(expected_skip("cpu", f"this host runs code for every one of {SUPERSETS}"))
     return name
 
 
 @pytest.fixture(scope="module")
 def fat(tmp_path_factory):
     """A one-kernel bundle prebuilt for a baseline CPU and for one this host lacks features of."""
-    where = tmp_path_factory.mktemp("named")
     if not cpu.can_run(cpu.resolve(SUBSET), cpu.host()):
-        pytest.skip(f"this host cannot run {SUBSET} code")
-    (where / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
-    out = where / "fat.pkb"
-    assert main(["build", str(where / "manifest.yaml"), "-o", str(out), "--prebuild", f"cpu:{SUBSET},cpu:{lacking()}", "--json"]) == 0
-    return out
+        pytest.skip(expected_skip("cpu", f"this host cannot run {SUBSET} code"))
+    return prebuilt_example(tmp_path_factory.mktemp("named"), "fat", [f"cpu:{SUBSET}", f"cpu:{lacking()}"])
 
 
 def test_named_cpu_prebuild_is_served_on_a_host_with_its_features(fat, store, rng):
     kernel = portkern.load(fat, store=store).kernel("gemm_bias_relu")
     assert kernel.origin == "baseline" and kernel.native.built_for == f"cpu:{SUBSET}"
-    example = EXAMPLES["gemm_bias_relu"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng)
     again = portkern.load(fat, store=store).kernel("gemm_bias_relu")  # later: from the cache
     assert again.origin in ("baseline", "cache") and again.native.built_for in (f"cpu:{SUBSET}", cpu.host(store).label)
     assert kernel.wait() and again.wait()
@@ -75,9 +58,7 @@ def test_code_for_a_cpu_with_features_this_host_lacks_is_refused(fat, store):
 
 
 def test_exact_host_build_is_preferred(tmp_path, store, capsys):
-    (tmp_path / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
-    out = tmp_path / "both.pkb"
-    assert main(["build", str(tmp_path / "manifest.yaml"), "-o", str(out), "--prebuild", f"cpu:{SUBSET},cpu", "--json"]) == 0
+    out = prebuilt_example(tmp_path, "both", [f"cpu:{SUBSET}", "cpu"])
     capsys.readouterr()
     kernel = portkern.load(out, store=store).kernel("gemm_bias_relu")
     assert kernel.origin == "prebuilt" and kernel.native.built_for == cpu.host(store).label
@@ -86,7 +67,7 @@ def test_exact_host_build_is_preferred(tmp_path, store, capsys):
 def test_named_cpu_cache_entry_is_served(examples_bundle, tmp_path, capsys):
     """`finalize --target cpu:NAME` into a cache (as a fleet import would fill it) serves this host."""
     cache = str(tmp_path / "cache")
-    status, done = run(capsys, "finalize", str(examples_bundle), "--target", f"cpu:{SUBSET}", "--kernel", "mlp", "--cache-dir", cache)
+    status, done = cli_json(capsys, "finalize", str(examples_bundle), "--target", f"cpu:{SUBSET}", "--kernel", "mlp", "--cache-dir", cache)
     assert status == 0
     from portkern.cache.config import CacheConfig
     from portkern.cache.store import Store
@@ -98,13 +79,12 @@ def test_named_cpu_cache_entry_is_served(examples_bundle, tmp_path, capsys):
 
 
 def test_inspect_and_cache_ls_say_which_hosts_an_artefact_serves(fat, tmp_path, capsys):
-    status, shown = run(capsys, "inspect", str(fat))
+    status, shown = cli_json(capsys, "inspect", str(fat))
     serves = {n["target"]: n["serves"] for n in shown["kernels"][0]["native"]}
     assert serves[f"cpu:{SUBSET}"].endswith("; this host") and serves[f"cpu:{lacking()}"].endswith("; not this host")
     cache = str(tmp_path / "cache")
-    assert main(["finalize", str(fat), "--target", f"cpu:{SUBSET}", "--cache-dir", cache, "--json"]) == 0
-    capsys.readouterr()
-    status, listed = run(capsys, "cache", "ls", "--cache-dir", cache)
+    assert cli_json(capsys, "finalize", fat, "--target", f"cpu:{SUBSET}", "--cache-dir", cache)[0] == 0
+    status, listed = cli_json(capsys, "cache", "ls", "--cache-dir", cache)
     assert [e["serves"] for e in listed] == [serves[f"cpu:{SUBSET}"]]
 
 
@@ -112,12 +92,8 @@ def test_a_prebuild_for_this_cpus_own_model_is_served_as_its_code(tmp_path, stor
     """`--prebuild cpu:NAME` with LLVM's name for this CPU is this host's code, though a VM may
     hide system features (`cpu.SYSTEM_FEATURES`) that LLVM lists for NAME."""
     name = cpu.llvm_host(store).arch
-    (tmp_path / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
-    out = tmp_path / "own.pkb"
-    assert main(["build", str(tmp_path / "manifest.yaml"), "-o", str(out), "--prebuild", f"cpu:{name}", "--json"]) == 0
+    out = prebuilt_example(tmp_path, "own", [f"cpu:{name}"])
     kernel = portkern.load(out, store=store).kernel("gemm_bias_relu")
     assert kernel.origin == "prebuilt" and kernel.native.built_for == f"cpu:{name}"
     assert kernel.specialisation is None  # nothing better to build in the background
-    example = EXAMPLES["gemm_bias_relu"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng)

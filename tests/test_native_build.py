@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import portkern
-from portkern.base.errors import BuildError, ManifestError, MalformedBundleError
+from portkern.base.errors import BuildError, MalformedBundleError, ManifestError
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import encode
 from portkern.portable.verify import read_back
@@ -22,7 +22,7 @@ QUOTED = """func.func @"{name}"(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> ten
 
 def torch_style_model(path):
     """A two-node model as PyTorch's exporter writes it: graph `torch-jit-export`, dotted tensor names."""
-    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnx")
     from onnx import TensorProto, helper, numpy_helper
 
     weight = np.random.default_rng(3).uniform(-1, 1, (8, 4)).astype(np.float32)

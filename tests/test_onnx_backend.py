@@ -11,13 +11,13 @@ import pytest
 
 onnx = pytest.importorskip("onnx", reason="the ONNX backend needs the onnx package (portkern[onnx])")
 
-import onnx.backend.test  # noqa: E402
+import onnx.backend.test  # noqa: E402, F811
 from onnx import TensorProto, helper  # noqa: E402
 
 import portkern.onnx as backend  # noqa: E402
+from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, BuildError, DeviceError  # noqa: E402
 from portkern.cache.config import CacheConfig  # noqa: E402
 from portkern.cache.store import Store  # noqa: E402
-from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, BuildError, DeviceError  # noqa: E402
 
 #: Node cases run by `onnx.backend.test.BackendTest`, as any backend's test module runs them.
 BACKEND_TEST_CASES = ("test_abs", "test_add_bcast", "test_matmul_2d", "test_softmax_axis_1", "test_split_equal_parts_1d_opset18")

@@ -82,7 +82,7 @@ def test_bitshift_out_of_range_matches_the_reference(name):
 def test_bitshift_equals_the_reference_evaluator_for_every_amount(dtype, direction, constant):
     """Every shift amount from below 0 to past the width (as an input, or as a constant initializer),
     on values of both signs, over enough elements to run vectorised: equal to onnx.reference's."""
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
     from portkern import onnx as backend

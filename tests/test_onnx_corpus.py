@@ -13,16 +13,16 @@ import pytest
 
 onnx = pytest.importorskip("onnx")
 
+from helpers import assert_example, assert_matches  # noqa: E402
+
 import portkern  # noqa: E402
 from portkern import onnx as backend  # noqa: E402
-from portkern.cli.main import main  # noqa: E402
 from portkern.base.errors import ArgumentTypeError, BuildError  # noqa: E402
-from portkern.examples import MANIFEST, onnx_corpus as corpus  # noqa: E402
-from portkern.examples.reference import EXAMPLES  # noqa: E402
+from portkern.cli.main import main  # noqa: E402
+from portkern.examples import MANIFEST  # noqa: E402
+from portkern.examples import onnx_corpus as corpus  # noqa: E402
 from portkern.portable.builder import build_file  # noqa: E402
 from portkern.portable.onnx_model import prepare  # noqa: E402
-
-from helpers import assert_matches  # noqa: E402
 
 #: Always run, both routes: a PyTorch export whose input is named `0`, a Caffe2 model whose names hold `/`.
 ALWAYS = ("test_Softmax", "light_shufflenet")
@@ -145,9 +145,7 @@ def test_a_prebuilt_onnx_bundle_keeps_its_weights_and_runs(mlp_manifest, store):
     record = bundle.bundle.kernel("mlp")
     assert record.parameters and [n.target for n in record.native] == ["cpu:x86-64-v2"]
     kernel = bundle.kernel("mlp")
-    example = EXAMPLES["mlp"]
-    inputs = example.inputs(np.random.default_rng(3))
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, np.random.default_rng(3), "mlp")
 
 
 def test_the_builder_refuses_a_bundle_whose_kernels_lack_their_parameters(mlp_manifest):

@@ -60,7 +60,7 @@ def test_a_model_with_every_tensor_in_external_data_builds_through_a_manifest(tm
     """The small int64 shape tensor in `.onnx.data` is read at build; results match the reference."""
     path = external_model(tmp_path / "m", rows)
     onnx_model = onnx.load(str(path), load_external_data=False)
-    assert all(t.data_location == TensorProto.EXTERNAL for t in onnx_model.graph.initializer)
+    assert onnx_model.graph.initializer and all(t.data_location == TensorProto.EXTERNAL for t in onnx_model.graph.initializer)
     out = tmp_path / "ext.pkb"
     build_file(path.parent / "manifest.yaml", out)
     x = np.random.default_rng(7).standard_normal((4, 2, rows // 2)).astype(np.float32)

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("onnx", reason="the ONNX cases need the onnx package (portkern[onnx])")
 
-from onnx import TensorProto, helper, numpy_helper, shape_inference  # noqa: E402 - needs onnx
+from onnx import helper, numpy_helper, shape_inference  # noqa: E402 - needs onnx
 from onnx.reference import ReferenceEvaluator  # noqa: E402 - needs onnx
 
 from portkern import onnx as backend  # noqa: E402 - needs onnx

@@ -5,8 +5,8 @@ from __future__ import annotations
 import struct
 
 import pytest
-
 from helpers import opencl_toolchain_missing
+
 from portkern.base.errors import BuildError
 from portkern.examples import OPENCL_MANIFEST
 from portkern.examples.reference import HERE

@@ -3,21 +3,19 @@ device (PoCL here), the winner checked against NumPy, cached per device and reus
 
 from __future__ import annotations
 
-import json
 import warnings
 
 import numpy as np
 import pytest
 import yaml
+from helpers import cli_json, opencl_device_missing, opencl_toolchain_missing
 
 import portkern
-from helpers import opencl_device_missing, opencl_toolchain_missing
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.cli.main import main
 from portkern.portable import opencl as cl_build
-from portkern.portable.bundle import read_bundle
 from portkern.portable.builder import build_file
+from portkern.portable.bundle import read_bundle
 from portkern.portable.launch import launch_of
 from portkern.portable.opencl import BuildWarning
 from portkern.tuner import evaluate
@@ -159,10 +157,12 @@ def test_tuning_never_chooses_a_wrong_or_unrunnable_point_and_reuses_the_winner(
     assert result.source == "search" and "BAD=1" not in tuned.config
     by_status = {e.config: e.status for e in result.evaluations}
     assert len(by_status) == 13  # every point but the default
-    assert all(s == "wrong" for c, s in by_status.items() if "BAD=1" in c and "L=8192" not in c)
+    bad = [s for c, s in by_status.items() if "BAD=1" in c and "L=8192" not in c]
+    assert bad and all(s == "wrong" for s in bad)
     refused = [e for e in result.evaluations if "L=8192" in e.config]
     assert len(refused) == 4 and all(e.status == "error" and "work-group of 8192 items" in e.error for e in refused)
-    assert all(s == "ok" for c, s in by_status.items() if "BAD=0" in c and "L=8192" not in c)
+    good = [s for c, s in by_status.items() if "BAD=0" in c and "L=8192" not in c]
+    assert good and all(s == "ok" for s in good)
     np.testing.assert_allclose(tuned(x), 2 * x, rtol=1e-6)
 
     # stored per device: later calls use the winner without timing anything
@@ -181,8 +181,7 @@ def test_tuning_never_chooses_a_wrong_or_unrunnable_point_and_reuses_the_winner(
 @needs_device
 def test_portkern_tune_times_the_points_on_the_opencl_device(scale_bundle, tmp_path, capsys):
     path, _ = scale_bundle
-    code = main(["tune", str(path), "--device", "opencl", "--strategy", "quick", "--json", "--cache-dir", str(tmp_path / "c")])
-    data = json.loads(capsys.readouterr().out)
+    code, data = cli_json(capsys, "tune", path, "--device", "opencl", "--strategy", "quick", "--cache-dir", tmp_path / "c")
     assert code == 0 and data["ok"] and data["device"].startswith("opencl:")
     (kernel,) = data["kernels"]
     assert kernel["kernel"] == "scale" and kernel["source"] == "search" and "BAD=1" not in kernel["config"]
@@ -195,6 +194,6 @@ def test_kernels_without_a_space_are_built_and_run_as_before(opencl_examples_bun
     for record in read_bundle(opencl_examples_bundle).kernels:
         assert "tune_at" not in record.launch and all("params" not in v for v in record.launch["variants"])
         assert not launch_of(record).tunable
-    code = main(["tune", str(opencl_examples_bundle), "--device", "opencl", "--kernel", "vadd", "--json", "--cache-dir", str(tmp_path / "c")])
-    (kernel,) = json.loads(capsys.readouterr().out)["kernels"]
+    code, data = cli_json(capsys, "tune", opencl_examples_bundle, "--device", "opencl", "--kernel", "vadd", "--cache-dir", tmp_path / "c")
+    (kernel,) = data["kernels"]
     assert code == 0 and kernel["config"] == "default" and "without a parameter space" in kernel["note"]

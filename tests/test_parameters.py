@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,13 +12,14 @@ import pytest
 
 pytest.importorskip("onnx", reason="ONNX models need the 'onnx' package")
 
+from helpers import one_kernel_bundle
+
 import portkern  # noqa: E402
+from portkern.base import framing  # noqa: E402
 from portkern.base.errors import BundleTruncatedError, DigestMismatchError, MalformedBundleError  # noqa: E402
 from portkern.examples.large_mlp import reference, weight_bytes, write_mlp  # noqa: E402
 from portkern.jit import parameters as mapped  # noqa: E402
-from portkern.base import framing  # noqa: E402
 from portkern.portable import bundle as fmt  # noqa: E402
-from portkern.portable.builder import build_file  # noqa: E402
 from portkern.portable.parameters import CHUNK_BYTES, ENTRY_ALIGNMENT  # noqa: E402
 
 WIDTHS = (64, 512, 256, 256)
@@ -30,9 +30,7 @@ RTOL, ATOL = 1e-4, 1e-4
 def build_mlp(where: Path, seed: int, external: bool = False, name: str = "mlp") -> Path:
     where.mkdir(parents=True, exist_ok=True)
     write_mlp(where / "m.onnx", WIDTHS, BATCH, seed, external)
-    (where / "manifest.yaml").write_text(f"bundle: {name}\nkernels:\n  - name: mlp\n    source: m.onnx\n")
-    build_file(where / "manifest.yaml", where / "m.pkb")
-    return where / "m.pkb"
+    return one_kernel_bundle(where, "m.onnx", "mlp", bundle=name)
 
 
 @pytest.fixture(scope="module")
@@ -146,9 +144,9 @@ def test_a_file_modified_after_its_check_is_checked_again(tmp_path, mlp_bundle, 
 def rewritten(path: Path, where: Path, change) -> Path:
     """The bundle with its metadata changed by `change(meta)`, digest recomputed, section kept."""
     data = path.read_bytes()
-    (_, _, document, end) = framing.unpack_prefix(fmt._format(), data)
+    (_, _, document, end) = framing.unpack_prefix(fmt.file_format(), data)
     change(document["meta"])
-    head = framing.pack(fmt._format(), document)
+    head = framing.pack(fmt.file_format(), document)
     section = fmt.read_bundle(path).parameters
     out = where / "changed.pkb"
     gap = max(0, section.offset - len(head))

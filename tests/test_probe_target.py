@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from portkern.jit import amdgpu, cpu, cuda
-from portkern.jit.target import _PROBE_MODULE, _executable_targets_in, resolve_executable_target
+from portkern.jit import amdgpu, cuda
+from portkern.jit.target import PROBE_MODULE, executable_targets_in, resolve_executable_target
 from portkern.portable.compiler import Compiler
 from portkern.portable.family import executable_targets
 
@@ -24,7 +24,7 @@ CPU = ("--iree-hal-target-device=local", "--iree-hal-local-target-device-backend
 )
 def test_early_probe_reads_the_target_the_dispatch_variant_gets(flags):
     compiler = Compiler(flags)
-    module = compiler.lower(compiler.parse(_PROBE_MODULE), from_phase="start", to_phase="executable-sources", name="probe")
+    module = compiler.lower(compiler.parse(PROBE_MODULE), from_phase="start", to_phase="executable-sources", name="probe")
     (variant_target,) = set(executable_targets(module))
     assert resolve_executable_target(flags) == variant_target
 
@@ -32,6 +32,6 @@ def test_early_probe_reads_the_target_the_dispatch_variant_gets(flags):
 def test_executable_targets_in_text_matches_nested_brackets_and_quotes():
     inner = '#hal.executable.target<"rocm", "rocm-hsaco-fb", {a = #x<b = <c>, s = "q>\\"<">, f = "->"}>'
     text = f'#hal.device.target<"hip", [{inner}, {inner}]>'
-    assert _executable_targets_in(text) == [inner, inner]
-    assert _executable_targets_in('#hal.device.target<"hip", []>') == []
-    assert _executable_targets_in("#hal.executable.target<unclosed") == []
+    assert executable_targets_in(text) == [inner, inner]
+    assert executable_targets_in('#hal.device.target<"hip", []>') == []
+    assert executable_targets_in("#hal.executable.target<unclosed") == []

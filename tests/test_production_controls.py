@@ -4,18 +4,16 @@ and the device, while cached and prebuilt code still serve."""
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
+from helpers import assert_matches, build_mlir, cli_json
 
 import portkern
-from helpers import assert_matches, build_mlir
 from portkern.base import settings
+from portkern.base.errors import CompileForbiddenError
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.cli.main import main
-from portkern.base.errors import CompileForbiddenError
 from portkern.jit import devices
 
 ADD = """
@@ -46,8 +44,7 @@ def store_at(directory) -> Store:
 
 
 def check_json(capsys, bundle, cache_dir) -> tuple[int, dict]:
-    status = main(["check", str(bundle), "--cache-dir", str(cache_dir), "--json"])
-    return status, json.loads(capsys.readouterr().out)
+    return cli_json(capsys, "check", bundle, "--cache-dir", cache_dir)
 
 
 def assert_add_runs(bundle, rng, expected_origin: str) -> None:
@@ -88,8 +85,8 @@ def test_compile_never_refuses_a_cold_kernel_and_serves_finalized_code(bundle_pa
     with pytest.raises(CompileForbiddenError, match=rf"'add' has no native code for {label}.*PORTKERN_COMPILE=never"):
         bundle.kernel("add")
     assert store_at(cache_dir).entries() == []
-    status = main(["run", str(bundle_path), "scale", "--cache-dir", str(cache_dir), "--json"])
-    assert status == 1 and json.loads(capsys.readouterr().out)["error"] == "CompileForbiddenError"
+    status, report = cli_json(capsys, "run", bundle_path, "scale", "--cache-dir", cache_dir)
+    assert status == 1 and report["error"] == "CompileForbiddenError"
 
     monkeypatch.setenv(settings.COMPILE, "auto")
     assert main(["finalize", str(bundle_path), "--target", "cpu", "--kernel", "add", "--cache-dir", str(cache_dir), "--json"]) == 0

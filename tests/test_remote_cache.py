@@ -6,36 +6,30 @@ lock, say in `finalize --json` what was published, and run on when Redis is down
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import socket
-import warnings
 
 import pytest
-
 import redis_server
 
 pytestmark = pytest.mark.skipif(bool(redis_server.missing()), reason=redis_server.missing() or "redis-server is here")
 pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (model-signing)")
 
+from helpers import RUN_EXAMPLES, assert_example, cli_json, last_json, logged, spawn  # noqa: E402
+
 import portkern  # noqa: E402
-from helpers import assert_matches  # noqa: E402
-from portkern.base import signing  # noqa: E402
-from portkern.base import framing  # noqa: E402
+from portkern.base import framing, signing  # noqa: E402
 from portkern.cache import remote  # noqa: E402
 from portkern.cache.config import CacheConfig  # noqa: E402
 from portkern.cache.keys import tuning_key  # noqa: E402
-from portkern.cache.remote import FORMAT, RemoteCache, RemoteCacheWarning  # noqa: E402
+from portkern.cache.remote import FORMAT, RemoteCache  # noqa: E402
 from portkern.cache.store import Store  # noqa: E402
-from portkern.cli.main import main  # noqa: E402
-from portkern.examples.reference import EXAMPLES  # noqa: E402
 from portkern.jit import devices  # noqa: E402
 from portkern.jit.native import compiler_id, selection_problem  # noqa: E402
 from portkern.jit.workers import Pool  # noqa: E402
 from portkern.tuner import perfconfig  # noqa: E402
 from portkern.tuner.cpu_config import CpuConfig  # noqa: E402
-from test_cache_processes import result, run  # noqa: E402
 
 #: A CPU config of gemm_bias_relu's GEMM that compiles and computes correctly.
 TUNED = "0=" + perfconfig.to_string(CpuConfig((128, 128, 0), (8, 32, 0), (0, 0, 4)))
@@ -73,12 +67,6 @@ def host(tmp_path, name: str) -> Store:
     return Store(CacheConfig(tmp_path / name / "v1", 1 << 30, False), RemoteCache(remote.config_from_env()))
 
 
-def check(kernel, rng) -> None:
-    example = EXAMPLES[kernel.name]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
-
-
 def no_compiling(monkeypatch) -> None:
     def refuse(*args, **kwargs):
         raise AssertionError("compiled although the remote tier had the code")
@@ -104,20 +92,20 @@ def test_a_second_host_gets_native_code_and_tuning_without_compiling(fleet, exam
     second = host(tmp_path, "b")
     served = portkern.load(examples_bundle, store=second).kernel("gemm_bias_relu")
     assert (served.origin, served.config) == ("remote", TUNED)
-    check(served, rng)
+    assert_example(served, rng)
     assert second.get_record("t", tuning_key(problem, target.fingerprint, compiler_id(record)))["config"] == TUNED
     again = portkern.load(examples_bundle, store=second).kernel("gemm_bias_relu")
     assert again.origin == "cache"
 
-    assert main(["cache", "stats", "--cache-dir", str(tmp_path / "b"), "--json"]) == 0
-    stats = json.loads(capsys.readouterr().out)
+    status, stats = cli_json(capsys, "cache", "stats", "--cache-dir", tmp_path / "b")
+    assert status == 0
     assert (stats["remote_hits"], stats["remote_misses"]) == (1, 0)
 
 
 def test_eight_processes_on_two_hosts_compile_a_cold_kernel_once(fleet, examples_bundle, tmp_path):
-    procs = [run(tmp_path / f"host{i % 2}", str(examples_bundle), "gemm_glu") for i in range(8)]
-    results = [result(p) for p in procs]
-    origins = sorted(r["origin"] for r in results)
+    procs = [spawn(RUN_EXAMPLES, examples_bundle, "gemm_glu", cache_dir=tmp_path / f"host{i % 2}") for i in range(8)]
+    results = [last_json(p) for p in procs]
+    origins = sorted(r["origins"]["gemm_glu"] for r in results)
     assert all(r["ok"] for r in results)
     assert origins.count("finalized") == 1, origins
     assert set(origins) <= {"finalized", "remote", "cache"} and "remote" in origins
@@ -155,7 +143,7 @@ def _tamper(document) -> None:
     ("garbage", "not a portkern remote cache value"),
 ])
 def test_tampered_untrusted_unsigned_or_garbage_entries_are_refused_and_rebuilt(
-    fleet, examples_bundle, keys, tmp_path, rng, monkeypatch, attack, reason
+    fleet, examples_bundle, keys, tmp_path, rng, caplog, monkeypatch, attack, reason
 ):
     if attack is None:  # published by a host signing with a key the fleet does not trust
         monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "stranger.key"))
@@ -167,55 +155,56 @@ def test_tampered_untrusted_unsigned_or_garbage_entries_are_refused_and_rebuilt(
     elif attack is not None:
         _rewrite(fleet, attack)
 
-    with pytest.warns(RemoteCacheWarning, match=reason):
-        rebuilt = portkern.load(examples_bundle, store=host(tmp_path, "b")).kernel("gemm_transpose_add")
+    caplog.clear()
+    rebuilt = portkern.load(examples_bundle, store=host(tmp_path, "b")).kernel("gemm_transpose_add")
+    assert logged(caplog, reason)
     assert rebuilt.origin == "finalized"
-    check(rebuilt, rng)
+    assert_example(rebuilt, rng)
     # the bad value was replaced by the good one built here: a third host is served it
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RemoteCacheWarning)
-        third = portkern.load(examples_bundle, store=host(tmp_path, "c")).kernel("gemm_transpose_add")
+    caplog.clear()
+    third = portkern.load(examples_bundle, store=host(tmp_path, "c")).kernel("gemm_transpose_add")
+    assert not logged(caplog, "remote cache")
     assert third.origin == "remote"
-    check(third, rng)
+    assert_example(third, rng)
 
 
-def test_redis_killed_mid_run_leaves_kernels_running(fleet, examples_bundle, tmp_path, rng):
+def test_redis_killed_mid_run_leaves_kernels_running(fleet, examples_bundle, tmp_path, rng, caplog):
     store = host(tmp_path, "a")
     bundle = portkern.load(examples_bundle, store=store)
     assert bundle.kernel("gemm_glu").origin == "finalized"
     fleet.stop()
-    with pytest.warns(RemoteCacheWarning, match="not usable") as caught:
-        first = bundle.kernel("gemm_rowsum")
-        second = bundle.kernel("gemm_transpose_add")
-    assert len([w for w in caught if issubclass(w.category, RemoteCacheWarning)]) == 1
+    caplog.clear()
+    first = bundle.kernel("gemm_rowsum")
+    second = bundle.kernel("gemm_transpose_add")
+    assert len(logged(caplog, "remote cache .* not usable")) == 1
     assert (first.origin, second.origin) == ("finalized", "finalized")
-    check(first, rng)
-    check(second, rng)
+    assert_example(first, rng)
+    assert_example(second, rng)
     assert bundle.kernel("gemm_glu").origin == "cache"
 
 
-def test_a_full_redis_is_one_warning(examples_bundle, tmp_path, rng, monkeypatch):
+def test_a_full_redis_is_one_warning(examples_bundle, tmp_path, rng, caplog, monkeypatch):
     full = redis_server.RedisServer(tmp_path, "--maxmemory", "1", "--maxmemory-policy", "noeviction")
     try:
         monkeypatch.setenv("PORTKERN_REMOTE_CACHE", full.url)
-        with pytest.warns(RemoteCacheWarning, match="not usable .*OutOfMemoryError"):
-            kernel = portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_rowsum")
+        kernel = portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_rowsum")
+        assert len(logged(caplog, "not usable .*OutOfMemoryError")) == 1
         assert kernel.origin == "finalized"
-        check(kernel, rng)
+        assert_example(kernel, rng)
     finally:
         full.stop()
 
 
-def test_a_redis_that_does_not_answer_is_one_warning(examples_bundle, tmp_path, rng, monkeypatch):
+def test_a_redis_that_does_not_answer_is_one_warning(examples_bundle, tmp_path, rng, caplog, monkeypatch):
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
         monkeypatch.setenv("PORTKERN_REMOTE_CACHE", f"redis://127.0.0.1:{silent.getsockname()[1]}/0")
         monkeypatch.setenv("PORTKERN_REMOTE_TIMEOUT", "0.3")
-        with pytest.warns(RemoteCacheWarning, match="not usable .*Timeout"):
-            kernel = portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_rowsum")
+        kernel = portkern.load(examples_bundle, store=host(tmp_path, "a")).kernel("gemm_rowsum")
+        assert len(logged(caplog, "not usable .*Timeout")) == 1
     assert kernel.origin == "finalized"
-    check(kernel, rng)
+    assert_example(kernel, rng)
 
 
 def test_values_over_the_size_limit_are_neither_written_nor_read(fleet, examples_bundle, tmp_path, monkeypatch):
@@ -238,7 +227,7 @@ def _forge(server, victim: str, source: str, signer=None) -> None:
 
 @pytest.mark.parametrize("signer, reason", [(None, "not signed"), ("stranger.key", "untrusted key")])
 def test_with_trusted_keys_other_code_unsigned_or_untrusted_is_dropped_even_when_not_required(
-    fleet, examples_bundle, keys, tmp_path, rng, monkeypatch, signer, reason
+    fleet, examples_bundle, keys, tmp_path, rng, caplog, monkeypatch, signer, reason
 ):
     monkeypatch.delenv("PORTKERN_REQUIRE_SIGNATURE")
     farm = host(tmp_path, "farm")
@@ -249,20 +238,22 @@ def test_with_trusted_keys_other_code_unsigned_or_untrusted_is_dropped_even_when
     _forge(fleet, victim, source, keys / signer if signer else None)
 
     monkeypatch.delenv("PORTKERN_SIGNING_KEY")  # a reader: it drops the value and builds, but replaces nothing
-    with pytest.warns(RemoteCacheWarning, match=f"dropped .*{reason}"):
-        rebuilt = portkern.load(examples_bundle, store=host(tmp_path, "reader")).kernel("gemm_transpose_add")
+    caplog.clear()
+    rebuilt = portkern.load(examples_bundle, store=host(tmp_path, "reader")).kernel("gemm_transpose_add")
+    assert logged(caplog, f"dropped .*{reason}")
     assert rebuilt.origin == "finalized"
-    check(rebuilt, rng)
+    assert_example(rebuilt, rng)
 
     monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))  # a publisher replaces it
-    with pytest.warns(RemoteCacheWarning, match=f"dropped .*{reason}"):
-        assert portkern.load(examples_bundle, store=host(tmp_path, "publisher")).kernel("gemm_transpose_add").origin == "finalized"
+    caplog.clear()
+    assert portkern.load(examples_bundle, store=host(tmp_path, "publisher")).kernel("gemm_transpose_add").origin == "finalized"
+    assert logged(caplog, f"dropped .*{reason}")
     monkeypatch.delenv("PORTKERN_SIGNING_KEY")
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", RemoteCacheWarning)
-        served = portkern.load(examples_bundle, store=host(tmp_path, "third")).kernel("gemm_transpose_add")
+    caplog.clear()
+    served = portkern.load(examples_bundle, store=host(tmp_path, "third")).kernel("gemm_transpose_add")
+    assert not logged(caplog, "remote cache")
     assert served.origin == "remote"
-    check(served, rng)
+    assert_example(served, rng)
 
 
 @pytest.mark.parametrize("key_file", [False, True])
@@ -278,51 +269,46 @@ def test_a_reader_publishes_nothing(server, examples_bundle, keys, tmp_path, rng
     store.put_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record), {"kind": "kernel", "config": TUNED})
     kernel = bundle.kernel("gemm_rowsum")
     assert kernel.origin == "finalized"
-    check(kernel, rng)
+    assert_example(kernel, rng)
     assert server.client().keys("*") == []
 
 
-def test_a_planted_lock_costs_a_bounded_wait_and_a_warning(fleet, examples_bundle, tmp_path, rng, monkeypatch):
+def test_a_planted_lock_costs_a_bounded_wait_and_a_warning(fleet, examples_bundle, tmp_path, rng, caplog, monkeypatch):
     monkeypatch.setenv("PORTKERN_REMOTE_LOCK_S", "1")
     store = host(tmp_path, "a")
     bundle = portkern.load(examples_bundle, store=store)
     key = bundle.key(bundle.record("gemm_rowsum"), devices.resolve("cpu", store)).hex
     fleet.client().set(remote.RemoteCache.name("lock", key), b"x", ex=3600)
-    with pytest.warns(RemoteCacheWarning, match="lock of gemm_rowsum .* held by 'x' .*building it here"):
-        kernel = bundle.kernel("gemm_rowsum")
+    kernel = bundle.kernel("gemm_rowsum")
+    assert logged(caplog, "lock of gemm_rowsum .* held by 'x' .*building it here")
     assert kernel.origin == "finalized"
-    check(kernel, rng)
+    assert_example(kernel, rng)
 
 
 def test_finalize_json_says_what_was_published(fleet, examples_bundle, keys, tmp_path, rng, capsys, monkeypatch):
-    argv = ["finalize", str(examples_bundle), "--target", "cpu", "--kernel", "gemm_rowsum", "--json"]
-    status, report = _finalize(capsys, [*argv, "--cache-dir", str(tmp_path / "farm"), "--publish"])
+    argv = ["finalize", examples_bundle, "--target", "cpu", "--kernel", "gemm_rowsum"]
+    status, report = cli_json(capsys, *argv, "--cache-dir", tmp_path / "farm", "--publish")
     assert status == 0 and report["published"] and report["remote"]["missing"] == 0
     assert report["entries"][0]["remote"] in ("published", "present")
     served = portkern.load(examples_bundle, store=host(tmp_path, "device")).kernel("gemm_rowsum")
     assert served.origin == "remote"
-    check(served, rng)
+    assert_example(served, rng)
 
     monkeypatch.delenv("PORTKERN_SIGNING_KEY")  # a reader publishes nothing, and says so
-    status, report = _finalize(capsys, [*argv, "--cache-dir", str(tmp_path / "reader"), "--publish"])
+    status, report = cli_json(capsys, *argv, "--cache-dir", tmp_path / "reader", "--publish")
     assert status == 1 and not report["published"] and "reader" in report["remote"]["reason"]
 
     monkeypatch.setenv("PORTKERN_SIGNING_KEY", str(keys / "trusted.key"))
     fleet.stop()
-    status, report = _finalize(capsys, [*argv, "--cache-dir", str(tmp_path / "farm")])
+    status, report = cli_json(capsys, *argv, "--cache-dir", tmp_path / "farm")
     assert status == 0 and report["entries"][0]["ok"]  # the remote tier was not required
     assert not report["published"] and "not usable" in report["remote"]["reason"]
-    status, report = _finalize(capsys, [*argv, "--cache-dir", str(tmp_path / "farm"), "--publish"])
+    status, report = cli_json(capsys, *argv, "--cache-dir", tmp_path / "farm", "--publish")
     assert status == 1 and not report["published"] and report["remote"]["missing"] == 1
     assert "not usable" in report["remote"]["reason"]
 
 
-def _finalize(capsys, argv) -> tuple[int, dict]:
-    status = main(argv)
-    return status, json.loads(capsys.readouterr().out)
-
-
-def test_a_build_lock_names_its_holder_and_lives_a_short_lease(fleet, tmp_path, monkeypatch):
+def test_a_build_lock_names_its_holder_and_lives_a_short_lease(fleet, tmp_path, caplog, monkeypatch):
     monkeypatch.setenv("PORTKERN_REMOTE_LOCK_S", "0.5")
     key = hashlib.sha256(b"a kernel").hexdigest()
     holder, waiter = RemoteCache(remote.config_from_env()), RemoteCache(remote.config_from_env())
@@ -331,7 +317,7 @@ def test_a_build_lock_names_its_holder_and_lives_a_short_lease(fleet, tmp_path, 
         name = remote.RemoteCache.name("lock", key)
         assert f"pid {os.getpid()}".encode() in fleet.client().get(name)
         assert 0 < fleet.client().pttl(name) <= remote.LEASE_S * 1000
-        with pytest.warns(RemoteCacheWarning, match=f"lock of k .* held by '.*pid {os.getpid()} .*building it here"):
-            with waiter.lock(key, "k") as waited:
-                assert not waited
+        with waiter.lock(key, "k") as waited:
+            assert not waited
+        assert logged(caplog, f"lock of k .* held by '.*pid {os.getpid()} .*building it here")
     assert fleet.client().get(name) is None

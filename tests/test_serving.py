@@ -1,27 +1,33 @@
-"""Serving: kernels made in a parent work in forked children and from many threads at once."""
+"""Serving: kernels made in a parent work in forked children and from many threads at once, and
+where a CPU call runs (the calling thread or IREE's task executor) follows a rule of its
+arguments' size and a setting."""
 
 from __future__ import annotations
 
 import multiprocessing
+import os
 import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 
 import numpy as np
 import pytest
+from helpers import assert_matches, opencl_device_missing
 
 import portkern
+from portkern.base import settings
+from portkern.base.settings import SettingWarning
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
 from portkern.examples.reference import EXAMPLES
-from portkern.jit import gate, runtime
-
-from helpers import assert_matches, opencl_device_missing
 
 #: Seconds a forked child may take for its calls before the test fails (it used to hang).
 CHILD_BOUND_S = 120
 FORK = multiprocessing.get_context("fork")
+#: The example kernels served here: a small one (mostly Python work per call) and a large one.
+SMALL, LARGE = "mlp", "gemm_bias_relu"
 
 #: The kernel the fork-started pool's workers call (inherited from the parent, never pickled).
 _inherited_kernel = None
@@ -40,6 +46,24 @@ def _check_calls(kernel, seed: int, calls: int = 3) -> str:
     return ""
 
 
+def _calls_from_threads(kernel, threads: int = 8, calls: int = 6) -> list[str]:
+    """Each thread's report (see `_check_calls`) of `calls` calls, all threads started together."""
+    reports: list[str] = []
+    start = threading.Barrier(threads)
+
+    def work(seed: int) -> None:
+        start.wait()
+        reports.append(_check_calls(kernel, seed, calls))
+
+    workers = [threading.Thread(target=work, args=(seed,)) for seed in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=CHILD_BOUND_S)
+    assert not any(worker.is_alive() for worker in workers), "a calling thread never returned"
+    return reports
+
+
 def _pool_task(seed: int) -> str:
     return _check_calls(_inherited_kernel, seed)
 
@@ -48,17 +72,54 @@ def _child(kernel, seed: int, queue) -> None:
     queue.put((seed, _check_calls(kernel, seed)))
 
 
+def _driver_child(kernel, queue) -> None:
+    inputs = EXAMPLES[kernel.name].inputs(np.random.default_rng(0))
+    queue.put((kernel.executable.driver_for(inputs), _check_calls(kernel, 4)))
+
+
+def _in_child(target, *args):
+    """What `target(*args, queue)` put on the queue in a forked child, which must exit with 0."""
+    queue = FORK.Queue()
+    child = FORK.Process(target=target, args=(*args, queue))
+    child.start()
+    try:
+        return queue.get(timeout=CHILD_BOUND_S)
+    finally:
+        child.join(timeout=CHILD_BOUND_S)
+        if child.is_alive():
+            child.kill()
+        assert child.exitcode == 0
+
+
 @pytest.fixture(scope="module")
-def served(examples_bundle, tmp_path_factory):
-    """The example bundle on a cache shared by this module's tests (each kernel finalised once)."""
-    return portkern.load(examples_bundle, store=Store(CacheConfig(tmp_path_factory.mktemp("serving-cache"), 1 << 30, False)))
+def served_cache(tmp_path_factory):
+    """The cache directory this module's kernels are finalised into (each kernel once)."""
+    return tmp_path_factory.mktemp("serving-cache")
 
 
-@pytest.mark.parametrize(("name", "called_in_parent"), [("mlp", False), ("gemm_bias_relu", True)])
+@pytest.fixture(scope="module")
+def served(examples_bundle, served_cache):
+    """The example bundle on the module's cache."""
+    return portkern.load(examples_bundle, store=Store(CacheConfig(served_cache, 1 << 30, False)))
+
+
+def _kernel_with(examples_bundle, served_cache, monkeypatch, name: str, executor_min_bytes: str | None):
+    """An example kernel of the bundle loaded again (so its code is loaded afresh) under a
+    `PORTKERN_EXECUTOR_MIN_BYTES` value (None: unset), running its final code."""
+    if executor_min_bytes is None:
+        monkeypatch.delenv(settings.EXECUTOR_MIN_BYTES, raising=False)
+    else:
+        monkeypatch.setenv(settings.EXECUTOR_MIN_BYTES, executor_min_bytes)
+    kernel = portkern.load(examples_bundle, store=Store(CacheConfig(served_cache, 1 << 30, False))).kernel(name)
+    assert kernel.wait(CHILD_BOUND_S)
+    return kernel
+
+
+@pytest.mark.parametrize(("name", "called_in_parent"), [(SMALL, False), (LARGE, True)])
 def test_kernel_from_parent_runs_in_forked_children(served, name, called_in_parent):
     kernel = served.kernel(name)
-    if called_in_parent:  # past the inline probes, so the parent has used the task executor
-        assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES + 2) == ""
+    if called_in_parent:
+        assert _check_calls(kernel, 0, calls=5) == ""
     queue = FORK.Queue()
     children = [FORK.Process(target=_child, args=(kernel, seed, queue)) for seed in range(1, 5)]
     for child in children:
@@ -77,26 +138,173 @@ def test_kernel_from_parent_runs_in_forked_children(served, name, called_in_pare
 
 def test_kernel_from_parent_runs_in_fork_started_pool(served):
     global _inherited_kernel
-    _inherited_kernel = served.kernel("gemm_bias_relu")
-    assert _check_calls(_inherited_kernel, 0, calls=runtime.INLINE_PROBES + 2) == ""
+    _inherited_kernel = served.kernel(LARGE)
+    assert _check_calls(_inherited_kernel, 0, calls=5) == ""
     with FORK.Pool(4) as pool:
         reports = pool.map_async(_pool_task, range(1, 9)).get(timeout=CHILD_BOUND_S)
     assert reports == [""] * 8
 
 
-@pytest.mark.parametrize("name", ["mlp", "gemm_bias_relu"])
-def test_concurrent_calls_from_threads_match_numpy(served, name):
-    """Calls overlap on the task executor and inline on the callers' threads; each must be right."""
-    kernel = served.kernel(name)
+@pytest.mark.parametrize("executor_min_bytes", ["4MiB", "0"], ids=["default-rule", "all-on-executor"])
+@pytest.mark.parametrize("name", [SMALL, LARGE])
+def test_calls_from_eight_threads_at_once_match_numpy(examples_bundle, served_cache, monkeypatch, name, executor_min_bytes):
+    """Eight threads call one kernel object at once, on the calling threads (the default rule
+    for these kernels) and on IREE's task executor (every call, `PORTKERN_EXECUTOR_MIN_BYTES=0`);
+    every result is right."""
+    kernel = _kernel_with(examples_bundle, served_cache, monkeypatch, name, executor_min_bytes)
+    assert _calls_from_threads(kernel) == [""] * 8
+
+
+def test_eight_threads_calling_two_kernels_at_once_match_numpy(served):
+    """Threads calling a small and a large kernel side by side, each result checked."""
+    small, large = served.kernel(SMALL), served.kernel(LARGE)
     reports: list[str] = []
-    threads = [threading.Thread(target=lambda seed=seed: reports.append(_check_calls(kernel, seed, calls=6))) for seed in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=CHILD_BOUND_S)
+    start = threading.Barrier(8)
+
+    def work(seed: int) -> None:
+        start.wait()
+        reports.append(_check_calls(small if seed % 2 else large, seed, calls=6))
+
+    workers = [threading.Thread(target=work, args=(seed,)) for seed in range(8)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=CHILD_BOUND_S)
     assert reports == [""] * 8
 
 
+PRE_FORK_SERVER = """
+import os, sys, threading, numpy as np, portkern
+from portkern.examples.reference import EXAMPLES
+
+names = sys.argv[2].split(",")
+loaded = portkern.load(sys.argv[1])
+for name in names:  # the parent asks for each kernel once (a pre-fork server warms its cache)
+    loaded.kernel(name).wait()
+
+def serve(worker):
+    reports = []
+    def calls(name, seed):
+        kernel = loaded.kernel(name)
+        example = EXAMPLES[name]
+        rng = np.random.default_rng(seed)
+        for _ in range(4):
+            inputs = example.inputs(rng)
+            got = kernel(*inputs)
+            got = got if isinstance(got, tuple) else (got,)
+            for have, want in zip(got, example.reference(*inputs)):
+                np.testing.assert_allclose(have, want, rtol=example.rtol, atol=example.atol)
+        reports.append(name)
+    threads = [threading.Thread(target=calls, args=(name, i)) for i, name in enumerate(names * 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    print(f"worker {worker}: {len(reports)} checked", flush=True)
+
+pids = []
+for worker in range(3):
+    pid = os.fork()
+    if pid == 0:
+        serve(worker)
+        sys.exit(0)  # a normal exit: exit handlers run in the child
+    pids.append(pid)
+statuses = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+print("workers exited:", statuses)
+serve("parent")
+"""
+
+
+def test_pre_fork_workers_load_and_call_kernels(examples_bundle, served_cache):
+    """A pre-fork server: the parent loads the bundle and forks; each worker asks for its
+    kernels and calls them from two threads each, every result checked against NumPy, then
+    exits normally with status 0; the parent still serves afterwards."""
+    env = {**os.environ, settings.CACHE_DIR: str(served_cache)}
+    env.pop(settings.EXECUTOR_MIN_BYTES, None)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(PRE_FORK_SERVER), str(examples_bundle), f"{SMALL},{LARGE}"],
+        env=env, capture_output=True, text=True, timeout=CHILD_BOUND_S * 3,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert sorted(lines[:3]) == [f"worker {w}: 4 checked" for w in range(3)]
+    assert lines[3:] == ["workers exited: [0, 0, 0]", "worker parent: 4 checked"]
+
+
+def test_fork_while_another_thread_is_calling(served):
+    """A child forked while another thread of the parent keeps calling the kernel gets a
+    runtime of its own: its calls are right and it exits, and the parent's thread goes on."""
+    kernel = served.kernel(SMALL)
+    called, stop = threading.Event(), threading.Event()
+    reports: list[str] = []
+
+    def keep_calling() -> None:
+        seed = 100
+        while not stop.is_set() and not any(reports):
+            reports.append(_check_calls(kernel, seed, calls=1))
+            called.set()
+            seed += 1
+
+    caller = threading.Thread(target=keep_calling)
+    caller.start()
+    try:
+        assert called.wait(CHILD_BOUND_S)
+        assert _in_child(_child, kernel, 5) == (5, "")
+    finally:
+        stop.set()
+        caller.join(timeout=CHILD_BOUND_S)
+    assert reports and not any(reports)
+    assert _check_calls(kernel, 6) == ""
+
+
+@pytest.mark.parametrize(
+    ("executor_min_bytes", "small", "large"),
+    [
+        (None, "local-sync", "local-sync"),  # the default (4 MiB): both example kernels' arguments are smaller
+        ("1MiB", "local-sync", "local-task"),  # gemm_bias_relu's arguments are 1.25 MiB, mlp's 8 KiB
+        ("0", "local-task", "local-task"),
+        ("inf", "local-sync", "local-sync"),
+    ],
+)
+def test_where_a_call_runs_follows_its_arguments_size_and_the_setting(examples_bundle, served_cache, monkeypatch, executor_min_bytes, small, large):
+    """A CPU call runs on the calling thread (`local-sync`) unless its arguments total
+    `PORTKERN_EXECUTOR_MIN_BYTES` or more (then on IREE's task executor, `local-task`); the
+    same arguments always go the same way, and the results are right either way."""
+    for name, driver in ((SMALL, small), (LARGE, large)):
+        kernel = _kernel_with(examples_bundle, served_cache, monkeypatch, name, executor_min_bytes)
+        inputs = EXAMPLES[name].inputs(np.random.default_rng(0))
+        assert kernel.target.driver == "local-task"
+        assert [kernel.executable.driver_for(inputs) for _ in range(3)] == [driver] * 3
+        assert _check_calls(kernel, 1) == ""
+
+
+def test_a_forked_child_runs_every_call_on_the_calling_thread(examples_bundle, served_cache, monkeypatch):
+    """A pre-fork server's workers share the cores: in a forked child even calls the parent
+    runs on the task executor (`PORTKERN_EXECUTOR_MIN_BYTES=0`) run on the calling thread."""
+    kernel = _kernel_with(examples_bundle, served_cache, monkeypatch, LARGE, "0")
+    inputs = EXAMPLES[LARGE].inputs(np.random.default_rng(0))
+    assert kernel.executable.driver_for(inputs) == "local-task" and _check_calls(kernel, 3) == ""
+    assert _in_child(_driver_child, kernel) == ("local-sync", "")
+
+
+@pytest.mark.parametrize(("value", "expected"), [("2MiB", 2 << 20), ("1000", 1000), ("0", 0), ("inf", settings.LARGEST_SIZE)])
+def test_the_executor_setting_is_a_size(monkeypatch, value, expected):
+    """`PORTKERN_EXECUTOR_MIN_BYTES` takes any size, `inf` (no call on the executor) included, without a warning."""
+    monkeypatch.setenv(settings.EXECUTOR_MIN_BYTES, value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SettingWarning)
+        assert settings.executor_min_bytes() == expected
+
+
+def test_an_unreadable_executor_setting_is_one_warning_and_the_default(monkeypatch):
+    monkeypatch.setenv(settings.EXECUTOR_MIN_BYTES, "lots-of-bytes")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert settings.executor_min_bytes() == settings.DEFAULT_EXECUTOR_MIN_BYTES
+    assert [str(w.message) for w in caught if issubclass(w.category, SettingWarning)] == [
+        f"{settings.EXECUTOR_MIN_BYTES}='lots-of-bytes' is not a size (examples: 2GB, 512MiB, 1000000); "
+        f"using the default {settings.DEFAULT_EXECUTOR_MIN_BYTES} bytes"
+    ]
 
 
 OPENCL_FORK = """
@@ -125,7 +333,7 @@ def test_opencl_after_fork_raises_fork_error_and_parent_keeps_working(opencl_exa
     exit leaves the parent's PoCL scratch directory alone (the parent's next build needs it)."""
     if opencl_device_missing():
         pytest.skip(opencl_device_missing())
-    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("POCL_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POCL_")}
     env["PORTKERN_CACHE_DIR"] = str(tmp_path / "cache")
     done = subprocess.run(
         [sys.executable, "-c", textwrap.dedent(OPENCL_FORK), str(opencl_examples_bundle)],
@@ -133,89 +341,6 @@ def test_opencl_after_fork_raises_fork_error_and_parent_keeps_working(opencl_exa
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["child: ForkError True", "child: ForkError True", "scratch kept: True", "parent: finalized"]
-
-
-def _probed_gemm_drivers(kernel, monkeypatch, executor_ms: float) -> list[str]:
-    """`kernel` past its probes, which found 1 ms inline and `executor_ms` on the task
-    executor, with nothing overlapping lately; the list the driver of each later call goes to."""
-    executable = kernel.executable
-    monkeypatch.setattr(executable, "_inline_probes", runtime.INLINE_PROBES)
-    monkeypatch.setattr(executable, "_inline_s", 1e-3)
-    monkeypatch.setattr(executable, "_executor_probes", runtime.EXECUTOR_PROBES)
-    monkeypatch.setattr(executable, "_executor_s", executor_ms * 1e-3)
-    monkeypatch.setattr(runtime, "OVERLAP_WINDOW_S", 0.0)
-    used: list[str] = []
-    host_call = executable._host_call
-    monkeypatch.setattr(executable, "_host_call", lambda driver, *args: used.append(driver) or host_call(driver, *args))
-    return used
-
-
-@pytest.mark.parametrize(("executor_ms", "on_executor"), [(0.9, False), (0.5, True)])
-def test_lone_calls_use_the_task_executor_only_when_it_is_clearly_faster(served, monkeypatch, executor_ms, on_executor):
-    """After the probes, a lone call goes to the task executor only when its probes ran
-    `EXECUTOR_GAIN` times faster than inline (here inline took 1 ms)."""
-    kernel = served.kernel("gemm_bias_relu")
-    used = _probed_gemm_drivers(kernel, monkeypatch, executor_ms)
-    assert _check_calls(kernel, 3, calls=2) == ""
-    assert used == (["local-task"] * 2 if on_executor else ["local-sync"] * 2)
-
-
-def _drivers_child(kernel, used: list, queue) -> None:
-    used.clear()
-    report = _check_calls(kernel, 4, calls=2)
-    queue.put((report, list(used)))
-
-
-def test_a_forked_child_runs_lone_calls_on_the_calling_thread(served, monkeypatch):
-    """A pre-fork server's workers share the cores: in a forked child a lone call stays on the
-    calling thread even where the parent found the task executor clearly faster (each child
-    spreading its calls over every core made two children worth 1.1 times one)."""
-    kernel = served.kernel("gemm_bias_relu")
-    used = _probed_gemm_drivers(kernel, monkeypatch, 0.5)
-    assert _check_calls(kernel, 3, calls=1) == "" and used == ["local-task"]
-    queue = FORK.Queue()
-    child = FORK.Process(target=_drivers_child, args=(kernel, used, queue))
-    child.start()
-    try:
-        assert queue.get(timeout=CHILD_BOUND_S) == ("", ["local-sync"] * 2)
-    finally:
-        child.join(timeout=5)
-        if child.is_alive():
-            child.kill()
-
-
-def _calls_from_threads(kernel, threads: int = 4, calls: int = 4) -> list[str]:
-    reports: list[str] = []
-    workers = [threading.Thread(target=lambda seed=seed: reports.append(_check_calls(kernel, seed, calls))) for seed in range(threads)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join(timeout=CHILD_BOUND_S)
-    return reports
-
-
-
-
-def test_fork_while_a_thread_is_inside_the_gate(served):
-    """A child forked while another thread of the parent is inside the gate gets a gate of its
-    own (the parent's would never open there)."""
-    kernel = served.kernel("mlp")
-    assert _check_calls(kernel, 0, calls=runtime.INLINE_PROBES) == ""
-    gate = runtime._process.gate
-    gate.enter(1e-4)
-    try:
-        queue = FORK.Queue()
-        child = FORK.Process(target=_child, args=(kernel, 5, queue))
-        child.start()
-        try:
-            assert queue.get(timeout=CHILD_BOUND_S) == (5, "")
-        finally:
-            child.join(timeout=5)
-            if child.is_alive():
-                child.kill()
-    finally:
-        gate.leave()
-    assert _check_calls(kernel, 6) == ""
 
 
 def test_the_serving_bench_deployer_models_match_numpy(tmp_path):

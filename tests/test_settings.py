@@ -9,17 +9,16 @@ import warnings
 from pathlib import Path
 
 import pytest
+from helpers import assert_example, assert_matches
 
 import portkern
 from portkern.base import settings, signing
+from portkern.base.errors import KeyFileError, SettingError
+from portkern.base.settings import SettingWarning
 from portkern.cache.config import CacheConfig, from_env
 from portkern.cache.store import Store
-from portkern.base.errors import KeyFileError, SettingError
 from portkern.examples.reference import EXAMPLES
 from portkern.jit import workers
-from portkern.base.settings import SettingWarning
-
-from helpers import assert_matches
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("api", "base", "portable", "jit", "cache", "tuner", "schemas", "examples")
@@ -36,9 +35,7 @@ def setting_warnings(action):
 def run_cold(bundle_path, tmp_path, rng):
     """A cold `kernel()` in an empty cache, checked against NumPy."""
     kernel = portkern.load(bundle_path, store=Store(CacheConfig(tmp_path / "cache" / "v1", 1 << 30, False))).kernel("gemm_rowsum")
-    example = EXAMPLES["gemm_rowsum"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng, "gemm_rowsum")
     return kernel
 
 

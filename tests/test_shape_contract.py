@@ -8,15 +8,15 @@ import warnings
 
 import numpy as np
 import pytest
+from helpers import one_kernel_bundle
+from test_bundle_format import repack
 
 import portkern
-from portkern.cli.main import main
 from portkern.base.errors import ArgumentShapeError, BuildError, MalformedBundleError
+from portkern.cli.main import main
 from portkern.portable.builder import build_file
 from portkern.portable.bundle import Signature, decode
 from portkern.portable.contract import ShapeContract, UncheckedShapesWarning
-
-from test_bundle_format import repack
 
 MATMUL = """
 func.func @main(%a: tensor<?x?xf32>, %b: tensor<?x?xf32>) -> tensor<?x?xf32> {
@@ -190,10 +190,9 @@ def test_onnx_dim_params_feed_the_contract(tmp_path, rng):
         outputs=[helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", "out"])],
     )
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(tmp_path / "g.onnx"))
-    (tmp_path / "manifest.yaml").write_text("bundle: onnx\nkernels:\n  - name: g\n    source: g.onnx\n")
-    built = build_file(tmp_path / "manifest.yaml", tmp_path / "g.pkb")
-    assert str(built.kernels[0].signature.contract) == "(batchxd, batchxd, dxout) -> batchxout"
-    kernel = portkern.load(tmp_path / "g.pkb").kernel("g")
+    loaded = portkern.load(one_kernel_bundle(tmp_path, "g.onnx", "g", bundle="onnx"))
+    assert str(loaded.record("g").signature.contract) == "(batchxd, batchxd, dxout) -> batchxout"
+    kernel = loaded.kernel("g")
     x, y, w = (rng.standard_normal(s).astype(np.float32) for s in ((3, 4), (3, 4), (4, 2)))
     np.testing.assert_allclose(kernel(x, y, w), (x + y) @ w, rtol=1e-5, atol=1e-5)
     with pytest.raises(ArgumentShapeError, match="arguments 0 and 1 disagree on batch"):

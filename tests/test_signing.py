@@ -17,17 +17,12 @@ import pytest
 
 pytest.importorskip("model_signing", reason="signatures need the 'fleet' extra (model-signing)")
 
+from helpers import assert_example, assert_matches, build_mlir, cli_json  # noqa: E402
+
 import portkern  # noqa: E402
-from helpers import assert_matches, build_mlir  # noqa: E402
 from portkern.base import signing  # noqa: E402
-from portkern.cli.main import main  # noqa: E402
 from portkern.base.errors import KeyFileError, UnsignedError, UntrustedKeyError  # noqa: E402
-from portkern.examples.reference import EXAMPLES  # noqa: E402
-
-
-def run_json(capsys, *argv) -> tuple[int, dict]:
-    status = main([*argv, "--json"])
-    return status, json.loads(capsys.readouterr().out)
+from portkern.cli.main import main  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +36,7 @@ def signed_fat_bundle(gpu_bundle, keys, tmp_path_factory):
 
 
 def test_keys_new_writes_a_private_pkcs8_key_and_a_public_key(tmp_path, capsys):
-    status, made = run_json(capsys, "keys", "new", str(tmp_path / "k"))
+    status, made = cli_json(capsys, "keys", "new", str(tmp_path / "k"))
     assert status == 0 and made["private_key"] == str(tmp_path / "k.key")
     private, public = tmp_path / "k.key", tmp_path / "k.pub"
     assert stat.S_IMODE(private.stat().st_mode) == 0o600
@@ -67,13 +62,13 @@ def test_a_signed_bundle_passes_the_standard_model_signing_cli(signed_fat_bundle
 
 def test_inspect_shows_the_trusted_key_that_signed(signed_fat_bundle, keys, capsys, monkeypatch):
     monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
-    status, shown = run_json(capsys, "inspect", str(signed_fat_bundle))
+    status, shown = cli_json(capsys, "inspect", str(signed_fat_bundle))
     trusted = signing.read_trusted_keys(keys / "trusted.pub")[0]
     assert status == 0 and shown["signature"] == {
         "signed": True, "trusted": True, "key": trusted.short, "key_label": "build farm", "reason": None}
 
     monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "stranger.pub"))
-    status, shown = run_json(capsys, "inspect", str(signed_fat_bundle))
+    status, shown = cli_json(capsys, "inspect", str(signed_fat_bundle))
     assert shown["signature"]["signed"] and not shown["signature"]["trusted"]
     assert "untrusted key " + trusted.short in shown["signature"]["reason"]
 
@@ -83,9 +78,7 @@ def test_required_signature_admits_a_trusted_bundle_and_it_runs(signed_fat_bundl
     monkeypatch.setenv("PORTKERN_REQUIRE_SIGNATURE", "1")
     kernel = portkern.load(signed_fat_bundle, store=store).kernel("gemm_bias_relu", device="cpu:haswell")
     assert kernel.origin == "prebuilt"
-    example = EXAMPLES["gemm_bias_relu"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng, "gemm_bias_relu")
 
 
 def test_required_signature_refuses_unsigned_untrusted_and_mismatched_bundles(
@@ -219,11 +212,11 @@ def test_a_bundle_changed_after_signing_is_refused_though_it_carries_no_native_c
     signed, forged = softmax_and_forgery
     monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
     monkeypatch.setenv("PORTKERN_REQUIRE_SIGNATURE", require)
-    status, shown = run_json(capsys, "inspect", str(forged))
+    status, shown = cli_json(capsys, "inspect", str(forged))
     assert status == 0 and not shown["signature"]["trusted"] and "does not verify" in shown["signature"]["reason"]
     with pytest.raises(UntrustedKeyError, match="refused .*does not verify"):
         portkern.load(forged, store=store)
-    status, failed = run_json(capsys, "run", str(forged), "act")
+    status, failed = cli_json(capsys, "run", str(forged), "act")
     assert status == 1 and failed["error"] == "UntrustedKeyError"
 
     kernel = portkern.load(signed, store=store).kernel("act")

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_matches, reseal
+from helpers import assert_example, cli_json, one_kernel_bundle, reseal
 
 import portkern
-from portkern.cli.main import main
 from portkern.base.errors import IncompatibleProducerError
+from portkern.cli.main import main
 from portkern.examples import MANIFEST
 from portkern.examples.reference import EXAMPLES
-from portkern.portable.bundle import read_bundle
 from portkern.portable.builder import build_file
+from portkern.portable.bundle import read_bundle
 from portkern.portable.onnx_layout import transpose_matmul_weights
 from portkern.portable.onnx_parameters import ELEMENTS_THRESHOLD
 from portkern.portable.producer import installed_compiler
@@ -74,9 +74,7 @@ def test_a_foreign_release_bundle_runs_from_its_source_stage(foreign, store, rng
         bundle = portkern.load(foreign, store=store)
     kernel = bundle.kernel(name)
     assert kernel.stage == f"source (built with IREE {OTHER})" and kernel.origin == "finalized"
-    example = EXAMPLES[name]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng, name)
     (entry,) = [e for e in store.entries() if e.kernel == name]
     assert entry.stage == kernel.stage  # what `cache ls` shows
 
@@ -87,19 +85,19 @@ def test_a_same_release_bundle_uses_its_flow_stage(examples_bundle, store):
 
 
 def test_format_versions_older_readers_refuse_and_headers_must_hold_the_stages(examples_bundle):
+    from portkern.base import framing
     from portkern.base.errors import MalformedBundleError, UnsupportedVersionError
     from portkern.portable import bundle as bundle_format
-    from portkern.base import framing
 
     data = examples_bundle.read_bytes()
     for minor in (0, 1):  # readers of 1.0 and of 1.1 (parameter sections)
         with pytest.raises(UnsupportedVersionError, match=rf"1\.2 is not supported \(this portkern reads 1\.0 to 1\.{minor}\)"):
-            framing.unpack_prefix(bundle_format._format(minor), data)
+            framing.unpack_prefix(bundle_format.file_format(minor), data)
     built = read_bundle(examples_bundle)
     kernels = tuple(k for k in built.kernels if not k.parameters)
     blobs = {s.blob: built.blob(s.blob) for k in kernels for s in k.stages}
     plain = replace(built, kernels=kernels, blobs=blobs, parameters=None)
-    understated = framing.pack(bundle_format._format(1), {"meta": {**plain.meta(), "version": [1, 1]}, "blobs": blobs})
+    understated = framing.pack(bundle_format.file_format(1), {"meta": {**plain.meta(), "version": [1, 1]}, "blobs": blobs})
     with pytest.raises(MalformedBundleError, match="source stages need format 1.2; the header says 1.1"):
         bundle_format.decode(understated)
 
@@ -108,7 +106,8 @@ def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
     built = tmp_path / "plain.pkb"
     build_file(MANIFEST, built, source=False)
     assert read_bundle(built).version == (1, 1)  # the oldest version that holds it (mlp has parameters)
-    assert all(record.source_stage() is None for record in read_bundle(built).kernels)
+    kernels = read_bundle(built).kernels
+    assert kernels and all(record.source_stage() is None for record in kernels)
     with pytest.raises(IncompatibleProducerError, match=f"built with IREE {OTHER}, but IREE {installed_compiler().version}"):
         portkern.load(reseal(built, tmp_path / "plain-foreign.pkb", OTHER))
 
@@ -137,9 +136,8 @@ def refused(path: Path, store, name: str, why: str):
 def test_an_unreadable_source_stage_names_both_releases(examples_bundle, tmp_path, store, rng, blob, why):
     bundle = refused(reseal(examples_bundle, tmp_path / "bad.pkb", OTHER, {"gemm_bias_relu": blob}), store, "gemm_bias_relu", why)
     kernel = bundle.kernel("gemm_glu")  # the other kernels still run
-    inputs = EXAMPLES["gemm_glu"].inputs(rng)
     assert kernel.stage.startswith("source")
-    assert_matches(kernel(*inputs), EXAMPLES["gemm_glu"].reference(*inputs), EXAMPLES["gemm_glu"].rtol, EXAMPLES["gemm_glu"].atol)
+    assert_example(kernel, rng)
 
 
 def _model_source(examples_bundle, change) -> bytes:
@@ -185,13 +183,14 @@ def test_an_unreadable_onnx_source_stage_names_both_releases(examples_bundle, tm
 
 
 def test_cli_build_no_source_and_inspect_show_the_stages(tmp_path, capsys):
-    assert main(["build", str(MANIFEST), "-o", str(tmp_path / "a.pkb"), "--json"]) == 0
-    with_source = json.loads(capsys.readouterr().out)
-    assert main(["build", str(MANIFEST), "-o", str(tmp_path / "b.pkb"), "--no-source", "--json"]) == 0
-    without = json.loads(capsys.readouterr().out)
+    status, with_source = cli_json(capsys, "build", MANIFEST, "-o", tmp_path / "a.pkb")
+    assert status == 0
+    status, without = cli_json(capsys, "build", MANIFEST, "-o", tmp_path / "b.pkb", "--no-source")
+    assert status == 0
     assert with_source["format_version"] == "1.2"
     phases = {k["name"]: [s["phase"] for s in k["stages"]] for k in with_source["kernels"]}
     assert phases["gemm_glu"] == ["flow", "start"] and phases["mlp"] == ["flow", "start"]
+    assert [k["name"] for k in without["kernels"]] == [k["name"] for k in with_source["kernels"]]
     assert all([s["phase"] for s in k["stages"]] == ["flow"] for k in without["kernels"])
     assert main(["inspect", str(tmp_path / "a.pkb")]) == 0
     shown = capsys.readouterr().out
@@ -227,9 +226,7 @@ def test_an_older_opset_model_is_kept_as_the_build_imported_it_and_runs_from_sou
     from onnx import numpy_helper
 
     (tmp_path / "dense.onnx").write_bytes(dense_onnx(opset=13))
-    (tmp_path / "manifest.yaml").write_text("bundle: dense\nkernels:\n  - name: dense\n    source: dense.onnx\n")
-    build_file(tmp_path / "manifest.yaml", tmp_path / "dense.pkb")
-    bundle = read_bundle(tmp_path / "dense.pkb")
+    bundle = read_bundle(one_kernel_bundle(tmp_path, "dense.onnx", "dense"))
     record = bundle.kernel("dense")
     source = record.source_stage()
     assert source.model == {"opset": 17, "ir_version": 8}  # upgraded as the build's import did
@@ -264,19 +261,15 @@ def test_cli_run_and_cache_ls_say_the_code_came_from_the_source_stage(foreign, t
 def test_a_bytecode_source_keeps_a_text_source_stage(tmp_path, store, rng):
     from portkern.portable.compiler import Compiler, bytecode
 
-    example = EXAMPLES["gemm_glu"]
     module = Compiler().parse((MANIFEST.parent / "gemm_glu.mlir").read_bytes())
     (tmp_path / "gemm_glu.mlirbc").write_bytes(bytecode(module))
-    (tmp_path / "manifest.yaml").write_text("bundle: bc\nkernels:\n  - name: gemm_glu\n    source: gemm_glu.mlirbc\n")
-    build_file(tmp_path / "manifest.yaml", tmp_path / "bc.pkb")
-    bundle = read_bundle(tmp_path / "bc.pkb")
+    bundle = read_bundle(one_kernel_bundle(tmp_path, "gemm_glu.mlirbc", "gemm_glu", bundle="bc"))
     text = zlib.decompress(bundle.blob(bundle.kernel("gemm_glu").source_stage().blob))
     assert b"func.func @gemm_glu" in text and not text.startswith(b"ML\xefR")
     with pytest.warns(CompatibilityWarning):
         kernel = portkern.load(reseal(tmp_path / "bc.pkb", tmp_path / "foreign.pkb", OTHER), store=store).kernel("gemm_glu")
-    inputs = example.inputs(rng)
     assert kernel.stage.startswith("source")
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    assert_example(kernel, rng)
 
 
 def test_a_foreign_release_bundle_is_tuned_from_its_source_stage(foreign, store, rng):
@@ -287,7 +280,6 @@ def test_a_foreign_release_bundle_is_tuned_from_its_source_stage(foreign, store,
     kernel = bundle.kernel("gemm_transpose_add", tune="quick")
     assert kernel.tuning is not None and kernel.tuning.source == "search" and kernel.tuning.best_s > 0
     assert kernel.stage == f"source (built with IREE {OTHER})"
-    example = EXAMPLES["gemm_transpose_add"]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
-    assert all(e.stage == kernel.stage for e in store.entries() if e.kernel == "gemm_transpose_add")
+    assert_example(kernel, rng, "gemm_transpose_add")
+    stages = [e.stage for e in store.entries() if e.kernel == "gemm_transpose_add"]
+    assert stages and all(stage == kernel.stage for stage in stages)

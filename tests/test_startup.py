@@ -11,11 +11,7 @@ import sys
 import textwrap
 
 import pytest
-
-from portkern.cli.main import main
-from portkern.examples import MANIFEST
-
-ONE_KERNEL = "bundle: startup\nkernels:\n  - name: gemm_bias_relu\n    source: {source}\n"
+from helpers import expected_skip, prebuilt_example
 
 CHILD = textwrap.dedent(
     """
@@ -45,16 +41,8 @@ def run_child(bundle, cache) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def build(where, *prebuild: str):
-    (where / "manifest.yaml").write_text(ONE_KERNEL.format(source=MANIFEST.parent / "gemm_bias_relu.mlir"))
-    out = where / "startup.pkb"
-    extra = ["--prebuild", ",".join(prebuild)] if prebuild else []
-    assert main(["build", str(where / "manifest.yaml"), "-o", str(out), *extra, "--json"]) == 0
-    return out
-
-
 def test_a_warm_process_imports_neither_the_compiler_nor_a_schema_library(tmp_path, capsys):
-    bundle = build(tmp_path)
+    bundle = prebuilt_example(tmp_path, "startup")
     capsys.readouterr()
     cold = run_child(bundle, tmp_path / "cache")
     assert cold["origin"] == "finalized" and cold["error"] < 1e-3
@@ -63,12 +51,12 @@ def test_a_warm_process_imports_neither_the_compiler_nor_a_schema_library(tmp_pa
     assert warm["heavy"] == []
 
 
-@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 ISA levels")
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason=expected_skip("cpu", "x86-64 ISA levels"))
 def test_a_fresh_device_serves_baseline_code_without_llvm_in_the_caller(tmp_path, capsys):
     """A new cache, a bundle with ISA-level code: served at once, with no CPU probe (no LLVM
     child process) and nothing of the compiler imported, not even while the exact code is built
     (in a worker)."""
-    bundle = build(tmp_path, "cpu:x86-64-v2")
+    bundle = prebuilt_example(tmp_path, "startup", ["cpu:x86-64-v2"])
     capsys.readouterr()
     fresh = run_child(bundle, tmp_path / "cache")
     assert fresh["origin"] == "baseline" and fresh["error"] < 1e-3

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import expected_skip, one_kernel_bundle
 
-torch = pytest.importorskip("torch", reason="PyTorch programs need the 'torch' package (pip install 'portkern[torch]')")
-pytest.importorskip("iree.turbine", reason="PyTorch programs need 'iree-turbine' on the build host (pip install 'portkern[torch]')")
+torch = pytest.importorskip("torch", reason=expected_skip("torch", "PyTorch programs need the 'torch' package (pip install 'portkern[torch]')"))
+pytest.importorskip("iree.turbine", reason=expected_skip("torch", "PyTorch programs need 'iree-turbine' on the build host (pip install 'portkern[torch]')"))
 
 import portkern  # noqa: E402
-from portkern.portable.builder import build_file  # noqa: E402
 
 RTOL = ATOL = 1e-4
 
@@ -40,9 +40,7 @@ def program(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
     batch = torch.export.Dim("batch", max=1024)
     exported = torch.export.export(model, (torch.randn(8, 64),), dynamic_shapes=({0: batch},))
     torch.export.save(exported, str(where / "block.pt2"))
-    (where / "manifest.yaml").write_text("bundle: torchy\nkernels:\n  - name: block\n    source: block.pt2\n")
-    build_file(where / "manifest.yaml", where / "block.pkb")
-    return where / "block.pkb", model
+    return one_kernel_bundle(where, "block.pt2", "block", bundle="torchy"), model
 
 
 def test_a_pt2_program_builds_with_its_weights_as_parameters(program, store):
@@ -118,9 +116,7 @@ def test_a_transformer_layer_tunes_every_dispatch_or_says_why_not(tmp_path, stor
     with torch.no_grad():
         torch.export.save(torch.export.export(layer, (x,)), str(tmp_path / "layer.pt2"))
         expected = layer(x)
-    (tmp_path / "manifest.yaml").write_text("bundle: layer\nkernels:\n  - name: layer\n    source: layer.pt2\n")
-    build_file(tmp_path / "manifest.yaml", tmp_path / "layer.pkb")
-    kernel = portkern.load(tmp_path / "layer.pkb", store=store).kernel("layer", tune="quick")
+    kernel = portkern.load(one_kernel_bundle(tmp_path, "layer.pt2", "layer"), store=store).kernel("layer", tune="quick")
     dispatches = kernel.tuning.dispatches
     assert any("attention" in d.name for d in dispatches)
     assert all(d.source in ("search", "db") or d.note for d in dispatches)  # searched, or a stated reason

@@ -2,21 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import types
 
 import pytest
+from helpers import assert_example, assert_matches, cli_json
 
 import portkern
-from portkern.cli.main import main
 from portkern.base.errors import FinalizeError, PerfConfigError
-from portkern.examples import MANIFEST
-from portkern.examples.reference import EXAMPLES
-from portkern.jit import devices
 from portkern.cache import transfer
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
+from portkern.cli.main import main
+from portkern.examples import MANIFEST
+from portkern.examples.reference import EXAMPLES
+from portkern.jit import devices
 from portkern.jit.native import compiler_id, selection_problem
 from portkern.jit.runtime import Executable
 from portkern.portable.builder import build_file
@@ -24,8 +24,6 @@ from portkern.tuner import session, strategies
 from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.search import Budget
 from portkern.tuner.session import Tuner
-
-from helpers import assert_matches
 
 #: A parallel vector tile on the reduction loop: compiles, computes wrong numbers (rule P2).
 WRONG = CpuConfig((64, 64, 0), (8, 16, 16), (0, 0, 16))
@@ -49,21 +47,14 @@ def adversarial(monkeypatch):
 @pytest.fixture
 def shared_tuner_closed():
     yield
-    if session._shared is not None:
-        session._shared.close()
-
-
-def check_kernel(kernel, name, rng):
-    example = EXAMPLES[name]
-    inputs = example.inputs(rng)
-    assert_matches(kernel(*inputs), example.reference(*inputs), example.rtol, example.atol)
+    session.shared_tuner().close()
 
 
 def test_bad_candidates_fail_or_are_rejected_and_never_win(examples_bundle, store, rng, adversarial):
     bundle = portkern.load(examples_bundle, store=store)
     record, target = bundle.record("gemm_bias_relu"), devices.resolve("cpu", store)
     with Tuner(workers=2) as tuner:
-        result = tuner.tune(bundle, record, target, adversarial)
+        result = tuner.tune(bundle.natives, record, target, adversarial)
     status = {e.config: e.status for e in result.evaluations}
     assert status[f"0={WRONG}"] == "wrong"
     assert status[f"0={TOO_LARGE}"] == "error"
@@ -75,7 +66,7 @@ def test_bad_candidates_fail_or_are_rejected_and_never_win(examples_bundle, stor
     assert (tuned.config == str(GOOD)) == (tuned.best_s < tuned.default_s * (1 - session.MIN_GAIN))
     kernel = bundle.kernel("gemm_bias_relu")  # tune=None: the stored selection
     assert kernel.config == result.config
-    check_kernel(kernel, "gemm_bias_relu", rng)
+    assert_example(kernel, rng, "gemm_bias_relu")
 
 
 def test_second_tune_of_the_same_problem_is_served_from_the_db(examples_bundle, store, tmp_path, rng):
@@ -86,29 +77,29 @@ def test_second_tune_of_the_same_problem_is_served_from_the_db(examples_bundle, 
     target = devices.resolve("cpu", store)
     first_bundle, other_bundle = portkern.load(examples_bundle, store=store), portkern.load(tmp_path / "other.pkb", store=store)
     with Tuner() as tuner:
-        first = tuner.tune(first_bundle, first_bundle.record("gemm_bias_relu"), target, "quick", budget=2)
+        first = tuner.tune(first_bundle.natives, first_bundle.record("gemm_bias_relu"), target, "quick", budget=2)
         assert first.source == "search" and first.dispatches[0].evaluated == 2
         # the first search was cut short by its budget: it answers requests that are limited too
-        second = tuner.tune(other_bundle, other_bundle.record("renamed"), target, "quick", budget=2)
+        second = tuner.tune(other_bundle.natives, other_bundle.record("renamed"), target, "quick", budget=2)
         assert second.source == "db" and second.dispatches[0].source == "db"
         assert second.dispatches[0].config == first.dispatches[0].config
         composed = "default" if first.dispatches[0].config == "default" else f"0={first.dispatches[0].config}"
         # only the combined check of the stored config (kept, or dropped when not faster as a whole), no search
         assert {e.config for e in second.evaluations} <= {composed} and second.config in (composed, "default")
-        assert tuner.tune(other_bundle, other_bundle.record("renamed"), target, "quick", budget=2).source == "selection"
+        assert tuner.tune(other_bundle.natives, other_bundle.record("renamed"), target, "quick", budget=2).source == "selection"
         # a more thorough strategy is not answered by a quick result
-        assert tuner.tune(other_bundle, other_bundle.record("renamed"), target, "random", budget=1).source == "search"
+        assert tuner.tune(other_bundle.natives, other_bundle.record("renamed"), target, "random", budget=1).source == "search"
     record = other_bundle.record("renamed")
     assert store.get_tuning(selection_problem(record, target), target.fingerprint, compiler_id(record))["strategy"] == "random"
     kernel = other_bundle.kernel("renamed")
     assert kernel.config == "default" or kernel.config.startswith("0=cpu:v1:")
-    check_kernel(kernel, "gemm_bias_relu", rng)
+    assert_example(kernel, rng, "gemm_bias_relu")
 
 
 def test_loader_tunes_then_reuses_the_selection(examples_bundle, store, rng, shared_tuner_closed):
     bundle = portkern.load(examples_bundle, store=store)
     tuned = bundle.kernel("gemm_transpose_add", tune="quick")
-    check_kernel(tuned, "gemm_transpose_add", rng)
+    assert_example(tuned, rng, "gemm_transpose_add")
     assert tuned.tuning is not None and tuned.tuning.source == "search"
     if tuned.config != "default":
         assert tuned.origin == "tuned"
@@ -117,7 +108,7 @@ def test_loader_tunes_then_reuses_the_selection(examples_bundle, store, rng, sha
     again = bundle.kernel("gemm_transpose_add")
     assert again.config == tuned.config
     assert again.origin == "cache"
-    check_kernel(again, "gemm_transpose_add", rng)
+    assert_example(again, rng, "gemm_transpose_add")
     assert bundle.kernel("gemm_transpose_add", tune="default").config == "default"
     mlp = bundle.kernel("mlp", tune="quick")  # only small dispatches: left at the default, nothing searched
     assert mlp.config == "default"
@@ -128,19 +119,19 @@ def test_export_import_carries_tuning_results(examples_bundle, store, tmp_path, 
     bundle = portkern.load(examples_bundle, store=store)
     target = devices.resolve("cpu", store)
     with Tuner() as tuner:
-        tuned = tuner.tune(bundle, bundle.record("gemm_rowsum"), target, "quick", budget=1)
+        tuned = tuner.tune(bundle.natives, bundle.record("gemm_rowsum"), target, "quick", budget=1)
     report = transfer.export(store, tmp_path / "fleet.pkx")
     assert report.records == 2  # the kernel's selection and its tuned dispatch's result
     other = Store(CacheConfig(tmp_path / "other-cache", 1 << 30, False))
     assert transfer.import_(other, tmp_path / "fleet.pkx", allow_unsigned=True).records == 2
     elsewhere = portkern.load(examples_bundle, store=other)
     with Tuner() as tuner:
-        again = tuner.tune(elsewhere, elsewhere.record("gemm_rowsum"), target, "quick", budget=1)
+        again = tuner.tune(elsewhere.natives, elsewhere.record("gemm_rowsum"), target, "quick", budget=1)
     assert again.source == "selection" and again.config == tuned.config
     kernel = elsewhere.kernel("gemm_rowsum")
     assert kernel.config == tuned.config
     assert kernel.origin == ("cache" if tuned.config != "default" else "finalized")
-    check_kernel(kernel, "gemm_rowsum", rng)
+    assert_example(kernel, rng, "gemm_rowsum")
 
 
 @pytest.mark.parametrize("name, config", [
@@ -186,7 +177,7 @@ def test_quick_times_module_options_whole_and_keeps_a_correct_kernel(examples_bu
     assert tried and all(e.ok or e.status == "duplicate" for e in tried), [(e.config, e.status, e.error) for e in tried]
     assert any(e.ok for e in tried)
     assert "module options timed whole" in tuning.note
-    check_kernel(kernel, "gemm_bias_relu", rng)
+    assert_example(kernel, rng, "gemm_bias_relu")
 
 
 @pytest.mark.parametrize("config, message", [
@@ -203,7 +194,7 @@ def test_compile_config_refuses_configs_that_do_not_fit(examples_bundle, store, 
 def test_time_limit_stops_the_search(examples_bundle, store):
     bundle = portkern.load(examples_bundle, store=store)
     with Tuner(workers=1) as tuner:
-        result = tuner.tune(bundle, bundle.record("gemm_rowsum"), devices.resolve("cpu", store), "full", time_limit=0.2)
+        result = tuner.tune(bundle.natives, bundle.record("gemm_rowsum"), devices.resolve("cpu", store), "full", time_limit=0.2)
     assert sum(d.evaluated for d in result.dispatches) <= 2  # one chunk of two candidates, then out of time
     first, second = result.dispatches
     assert not first.complete and "time limit" in first.note
@@ -213,18 +204,17 @@ def test_time_limit_stops_the_search(examples_bundle, store):
 
 
 def test_cli_tune(examples_bundle, tmp_path, capsys):
-    argv = ["tune", str(examples_bundle), "--kernel", "gemm_rowsum", "--budget", "1", "--cache-dir", str(tmp_path), "--json"]
-    assert main(argv) == 0
-    output = json.loads(capsys.readouterr().out)
-    assert output["json_format"] == 1 and output["ok"] is True and output["errors"] == []
+    argv = ["tune", examples_bundle, "--kernel", "gemm_rowsum", "--budget", "1", "--cache-dir", tmp_path]
+    status, output = cli_json(capsys, *argv)
+    assert status == 0 and output["json_format"] == 1 and output["ok"] is True and output["errors"] == []
     (report,) = output["kernels"]
     assert report["kernel"] == "gemm_rowsum" and report["source"] == "search" and report["strategy"] == "quick"
     first, second = report["dispatches"]
     assert first["evaluated"] == 1 and first["source"] == "search" and first["default_s"] > 0
     assert first["complete"] is False and "budget" in first["note"]  # --budget 1 cut the quick list short
     assert second["source"] == "skipped" and second["note"]
-    assert main(argv) == 0  # the same limited request: the incomplete result answers it
-    assert json.loads(capsys.readouterr().out)["kernels"][0]["source"] == "selection"
+    status, output = cli_json(capsys, *argv)  # the same limited request: the incomplete result answers it
+    assert status == 0 and output["kernels"][0]["source"] == "selection"
     assert main(["tune", str(examples_bundle), "--kernel", "gemm_rowsum", "--budget", "1", "--cache-dir", str(tmp_path)]) == 0
     shown = capsys.readouterr().out
     assert "gemm_rowsum" in shown and "selection" in shown
@@ -242,9 +232,9 @@ def test_cli_tune_errors(examples_bundle, tmp_path, capsys, extra, message):
 
 
 def test_cli_tune_json_gives_each_failed_candidates_reason(examples_bundle, tmp_path, capsys, adversarial):
-    argv = ["tune", str(examples_bundle), "--kernel", "gemm_bias_relu", "--strategy", adversarial, "--cache-dir", str(tmp_path), "--json"]
-    assert main(argv) == 0
-    (kernel,) = json.loads(capsys.readouterr().out)["kernels"]
+    status, output = cli_json(capsys, "tune", examples_bundle, "--kernel", "gemm_bias_relu", "--strategy", adversarial, "--cache-dir", tmp_path)
+    assert status == 0
+    (kernel,) = output["kernels"]
     failed = {c["config"]: c for c in kernel["failed_candidates"]}
     assert set(failed) == {f"0={WRONG}", f"0={TOO_LARGE}"}
     assert failed[f"0={WRONG}"]["status"] == "wrong" and "exceeds rtol" in failed[f"0={WRONG}"]["reason"]

@@ -8,9 +8,9 @@ import math
 import pytest
 
 import portkern
+from portkern.base.errors import PerfConfigError
 from portkern.cache.config import CacheConfig
 from portkern.cache.store import Store
-from portkern.base.errors import PerfConfigError
 from portkern.jit import devices, finalize
 from portkern.portable.compiler import operations
 from portkern.tuner import analysis as dispatch_module
@@ -19,7 +19,6 @@ from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.cpu_space import CpuSpace
 from portkern.tuner.kernel_config import KernelConfig
 from portkern.tuner.registry import space_for
-
 
 #: The x86-64 ISA levels these tests configure for (cross-compiled: configuring runs no code, so every
 #: host checks both), with each level's vector register width in bytes and register count (AVX2:

@@ -10,16 +10,15 @@ import types
 
 import numpy as np
 import pytest
+from helpers import assert_matches, one_kernel_bundle
 
 import portkern
+from portkern.base.errors import PerfConfigError
 from portkern.cache.config import from_env
 from portkern.cache.store import Store
 from portkern.cli.main import main
-from portkern.base.errors import PerfConfigError
 from portkern.tuner import strategies
 from portkern.tuner.search import Budget
-
-from helpers import assert_matches
 
 onnx = pytest.importorskip("onnx", reason="the ONNX models need the onnx package (portkern[onnx])")
 
@@ -39,8 +38,6 @@ def conv_model(tmp_path_factory):
     """A bundle holding the single-Conv model, and its weights."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from portkern.portable.builder import build_file
-
     where = tmp_path_factory.mktemp("conv")
     weights = np.random.default_rng(0).uniform(-1, 1, W_SHAPE).astype(np.float32)
     graph = helper.make_graph(
@@ -53,9 +50,7 @@ def conv_model(tmp_path_factory):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     (where / "conv.onnx").write_bytes(model.SerializeToString())
-    (where / "manifest.yaml").write_text("bundle: conv\nkernels:\n  - name: conv\n    source: conv.onnx\n")
-    build_file(where / "manifest.yaml", where / "conv.pkb")
-    return where / "conv.pkb", weights
+    return one_kernel_bundle(where, "conv.onnx", "conv"), weights
 
 
 def tune_json(capsys, *argv) -> tuple[int, dict]:
@@ -166,7 +161,7 @@ def test_json_of_build_finalize_run_and_tune_carries_the_format_and_per_kernel_t
     shutil.copytree(MANIFEST.parent, tmp_path / "src")
     assert main(["build", str(tmp_path / "src" / "manifest.yaml"), "-o", str(tmp_path / "ex.pkb"), "--json"]) == 0
     built = json.loads(capsys.readouterr().out)
-    assert built["json_format"] == 1 and all(k["build_s"] > 0 for k in built["kernels"])
+    assert built["json_format"] == 1 and built["kernels"] and all(k["build_s"] > 0 for k in built["kernels"])
     cache = ["--cache-dir", str(tmp_path / "cache")]
     assert main(["finalize", str(bundle_path), "--target", "cpu", *cache, "--json"]) == 0
     finalized = json.loads(capsys.readouterr().out)

@@ -4,6 +4,7 @@ models ends in a measured result or a stated reason (`bench/tuning_sweep.py` run
 from __future__ import annotations
 
 import pytest
+from helpers import attention_mlir, build_mlir
 
 import portkern
 from portkern.jit import devices
@@ -11,8 +12,6 @@ from portkern.portable.builder import build_file
 from portkern.tuner import strategies
 from portkern.tuner.session import Tuner
 from portkern.tuner.sweep import ERROR, REASON, RESULT, UNTYPED, Tally, sweep_bundle, sweep_spaces
-
-from helpers import attention_mlir, build_mlir
 
 pytest.importorskip("onnx", reason="the sweep's models come from the onnx package (portkern[onnx])")
 

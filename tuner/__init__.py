@@ -11,7 +11,9 @@
 - `compile_only`: spaces compiled and checked for a device that is not here (nothing stored);
 - `measure`, `evaluate`: timing, the output check, duplicates;
 - `search`, `strategies`: budgets and the strategies that drive a search;
-- `db`, `results`, `session`: stored results, reports, and `tune_kernel`.
+- `results`, `session`: reports, and `tune_kernel` (results are stored in the tuning DB,
+  `portkern.cache.tuning`);
+- `jobs`: the tuner's work in the worker processes (handlers it registers with `portkern.jit.handlers`).
 
 Compiling runs in the worker pool of `portkern.jit.workers`, shared with finalisation.
 

@@ -12,6 +12,7 @@ comes from the family `registry`.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import TYPE_CHECKING, Iterator
 
 from portkern.base.errors import PerfConfigError
@@ -29,7 +30,7 @@ PROBLEM_VERSION = 1
 _OPS, _ROOT = " ; ", "*"
 
 
-def _functions(module) -> Iterator[tuple[object, str]]:
+def _functions(module) -> Iterator[tuple[ir.Operation, str]]:
     """(dispatch function, printed executable target) pairs in module order."""
     target = ""
     for op in operations(module):
@@ -54,7 +55,7 @@ def _indexing_maps(op) -> list:
 
     try:
         maps = list(linalg.get_indexing_maps(op))
-    except Exception:  # noqa: BLE001 - the binding raises TypeError/ValueError for ops without linalg maps
+    except (TypeError, ValueError):  # the binding's answer for ops without linalg maps (None: a TypeError)
         if "indexing_maps" not in op.attributes:
             raise PerfConfigError(f"{op.name}: the root op has no indexing maps (not a structured linalg op)") from None
         try:
@@ -112,9 +113,10 @@ def _loops(op) -> tuple[tuple[int, ...], tuple[bool, ...], int]:
                     sizes[expr.position] = extent
                 if position >= len(operands) - outputs:
                     in_output[expr.position] = True
-    if any(s is None for s in sizes):
+    ranges = tuple(s for s in sizes if s is not None)
+    if len(ranges) != rank:
         raise PerfConfigError(f"{op.name}: a loop range is not given by any operand")
-    return tuple(sizes), _loop_kinds(op, rank, in_output), element_bytes  # type: ignore[arg-type]
+    return ranges, _loop_kinds(op, rank, in_output), element_bytes
 
 
 def _describe(op) -> str:
@@ -144,16 +146,16 @@ def dispatches(module) -> list[Dispatch]:
         problem = f"dispatch/v{PROBLEM_VERSION} " + _OPS.join(
             (_ROOT if flag else "") + _describe(op) for op, flag in zip(ops, is_root)
         )
-        fields = dict(
+        unanalysed = Dispatch(
             index=index, name=_symbol(function), family=family.name if family else "", root="", sizes=(), parallel=(),
             element_bytes=4, default=None, problem=problem, native_vector_bytes=_native_vector_bytes(target),
             gpu_target=gpu_target.target_info(target),
         )
         if family is None:
-            found.append(Dispatch(**fields, reason="no lowering config of a family the tuner knows"))
+            found.append(replace(unanalysed, reason="no lowering config of a family the tuner knows"))
             continue
         if len(roots) != 1:
-            found.append(Dispatch(**fields, reason=f"{len(roots)} root ops (expected one)"))
+            found.append(replace(unanalysed, reason=f"{len(roots)} root ops (expected one)"))
             continue
         root = roots[0]
         try:
@@ -162,11 +164,10 @@ def dispatches(module) -> list[Dispatch]:
             if default.rank != len(sizes):
                 raise PerfConfigError(f"default config has {default.rank} loops, the root op {len(sizes)}")
         except PerfConfigError as exc:
-            found.append(Dispatch(**{**fields, "root": root.name}, reason=str(exc)))
+            found.append(replace(unanalysed, root=root.name, reason=str(exc)))
             continue
         found.append(
-            Dispatch(**{**fields, "root": root.name, "sizes": sizes, "parallel": parallel, "element_bytes": element_bytes, "default": default,
-                        "dynamic": 0 in sizes})
+            replace(unanalysed, root=root.name, sizes=sizes, parallel=parallel, element_bytes=element_bytes, default=default, dynamic=0 in sizes)
         )
     return found
 

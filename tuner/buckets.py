@@ -14,7 +14,7 @@ by rule:
 
 Compile times of both are reported (each is compiled once and then cached).
 The decisions are stored per bucket in the tuning DB
-(`jit.buckets.index_problem`), where the loader finds them.
+(`cache.tuning.TuningDB.put_buckets`), where the loader finds them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from portkern.base.errors import ArgumentShapeError, PortkernError, TuningError, brief
-from portkern.jit.buckets import BucketRecord, index_problem, read_index, specialised_bundle
+from portkern.base.records import to_plain
+from portkern.cache.tuning import TuningDB
+from portkern.jit.buckets import BucketRecord, read_index, specialised_bundle
+from portkern.jit.native import NativeCode
 from portkern.portable.bundle import KernelRecord
 from portkern.tuner.measure import Bench, make_inputs
 
@@ -57,7 +60,7 @@ class BucketResult:
         return self.default_s / self.best_s if self.default_s and self.best_s else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self.__dict__, "speedup": self.speedup}
+        return {**to_plain(self), "speedup": self.speedup}
 
 
 def bind_shapes(record: KernelRecord, shapes: Shapes) -> dict[str, int]:
@@ -73,11 +76,15 @@ def bind_shapes(record: KernelRecord, shapes: Shapes) -> dict[str, int]:
                 known = ", ".join(contract.names or [f"arg{i}" for i in range(len(contract.inputs))])
                 raise TuningError(f"{record.name!r} has no argument {name!r} (arguments: {known})")
             by_index[index] = shape
-        listed = []
+        listed: list[Sequence[int]] = []
         for index, spec in enumerate(record.signature.inputs):
-            if index not in by_index and any(d is None for d in spec.shape):
+            if index in by_index:
+                listed.append(by_index[index])
+                continue
+            static = tuple(d for d in spec.shape if d is not None)
+            if len(static) != len(spec.shape):
                 raise TuningError(f"{record.name!r}: the shapes to tune for leave out argument {index}, which has dynamic dimensions")
-            listed.append(by_index.get(index, spec.shape))
+            listed.append(static)
     else:
         listed = list(shapes)
     if len(listed) != len(record.signature.inputs):
@@ -94,7 +101,7 @@ def bind_shapes(record: KernelRecord, shapes: Shapes) -> dict[str, int]:
 
 
 def tune_shapes(
-    loaded,
+    natives: NativeCode,
     record: KernelRecord,
     target,
     strategy: str,
@@ -108,13 +115,14 @@ def tune_shapes(
     min_gain: float = 0.03,
     **options,
 ) -> list[BucketResult]:
-    """Tune `record` for each shape (specialised per bucket) and store the decisions."""
+    """Tune `record` (a kernel of the bundle `natives` serves) for each shape, specialised per
+    bucket, and store the decisions under its selection `problem` for `compiler`."""
     contract = record.signature.contract
     wanted = [bind_shapes(record, s) for s in shapes]
     if contract is None or not contract.symbols:
         raise TuningError(f"{record.name!r} has no dynamic dimensions; tune it without shapes")
-    index_key = index_problem(problem)
-    stored = read_index(loaded.store.get_tuning(index_key, target.fingerprint, compiler))
+    db = TuningDB(natives.store, compiler)
+    stored = read_index(db.buckets(problem, target.fingerprint))
     results = []
     for values in wanted:
         label = contract.bucket_of(values)
@@ -127,42 +135,40 @@ def tune_shapes(
                 )
             )
             continue
-        decided, result = _tune_bucket(loaded, record, target, strategy, values, label, (tune, compile_dynamic), retune, min_gain, options)
+        decided, result = _tune_bucket(natives, record, target, strategy, values, label, (tune, compile_dynamic), retune, min_gain, options)
         stored[label] = decided
         results.append(result)
-    loaded.store.put_tuning(
-        index_key, target.fingerprint, compiler, {"kernel": record.name, "buckets": {k: v.to_dict() for k, v in stored.items()}}
-    )
+    db.put_buckets(problem, target.fingerprint, record.name, {k: v.to_dict() for k, v in stored.items()})
     return results
 
 
-def _tune_bucket(loaded, record, target, strategy, values, label, tools, retune, min_gain, options) -> tuple[BucketRecord, BucketResult]:
+def _tune_bucket(natives: NativeCode, record, target, strategy, values, label, tools, retune, min_gain, options) -> tuple[BucketRecord, BucketResult]:
     tune, compile_dynamic = tools
     try:
-        bundle, special = specialised_bundle(loaded.bundle, record, values, loaded.pool)
+        bundle, special = specialised_bundle(natives.bundle, record, values, natives.pool)
     except PortkernError as exc:
         raise TuningError(f"{record.name!r}: cannot specialise for {label}: {exc}") from None
-    derived = type(loaded)(bundle, loaded.path, loaded.store)
+    derived = natives.derived(bundle)
     tuned = tune(derived, special, target, strategy, retune=retune, **options)
     native = derived.native(special, target, tuned.config)
-    default = loaded.native(record, target)
+    default = natives.native(record, target)
     vmfbs = [default.data, native.data]
     bucket_compile_s, note = None, ""
     if tuned.config != "default":
         started = time.perf_counter()
         try:
-            vmfbs.append(compile_dynamic(loaded.bundle, record, target, tuned.config))
+            vmfbs.append(compile_dynamic(natives.bundle, record, target, tuned.config))
             bucket_compile_s = time.perf_counter() - started
         except PortkernError as exc:
             note = f"the tuned config does not fit the dynamic module ({brief(exc, lines=None, sep=' ', limit=300)}); "
-    bench = Bench(record.entry, target.driver, make_inputs(special.signature), loaded.parameters_for(record))
+    bench = Bench(record.entry, target.driver, make_inputs(special.signature), natives.parameters_for(record))
     timings = [t.min_s for t in bench.interleaved([bench.load(v) for v in vmfbs])]
     dynamic_s, special_s = timings[0], timings[1]
     bucket_s = timings[2] if len(timings) > 2 else None
     wins = special_s < dynamic_s * (1 - min_gain)
     bucket_wins = bucket_s is not None and bucket_s < dynamic_s * (1 - min_gain)
     if bucket_wins:
-        loaded.put_native(record, target, tuned.config, vmfbs[2], bucket_compile_s or 0.0, bucket_s)
+        natives.put_native(record, target, tuned.config, vmfbs[2], bucket_compile_s or 0.0, bucket_s)
     note += (
         ("specialised code beats the dynamic default at these sizes" if wins else "the dynamic default is as fast as specialised code at these sizes")
         + ("; the tuned config serves the bucket's other sizes" if bucket_wins else "; the bucket's other sizes run the dynamic default")

@@ -12,9 +12,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Callable
 
+from portkern.base.records import to_plain
 from portkern.jit import codeobject
 from portkern.jit.finalize import CONFIGURED_PHASE
 from portkern.jit.native import NativeCode
@@ -51,7 +52,7 @@ class SpaceReport:
         return Counter(f["reason"] for f in self.failures)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return to_plain(self)
 
 
 def compile_space(
@@ -74,15 +75,15 @@ def compile_space(
         started = time.perf_counter()
         report = SpaceReport(d.index, d.name)
         space = registry.space_for(d, cores())
-        candidates = [] if space is None else space.joint()
+        perfs = [] if space is None else space.joint()
         if space is None:
             report.note = registry.no_space_reason(d)
-        elif not candidates:
+        elif not perfs:
             report.note = "no candidate besides the default passes the space's rules"
-        elif budget is not None and len(candidates) > budget:
-            report.note = f"{budget} of {len(candidates)} candidates (--budget)"
-            candidates = candidates[:budget]
-        configs = [DEFAULT] + [str(KernelConfig().with_dispatch(d.index, c)) for c in candidates]
+        elif budget is not None and len(perfs) > budget:
+            report.note = f"{budget} of {len(perfs)} candidates (--budget)"
+            perfs = perfs[:budget]
+        configs = [DEFAULT] + [str(KernelConfig().with_dispatch(d.index, c)) for c in perfs]
         if progress is not None:
             progress(f"{record.name} dispatch {d.index}", 0, len(configs))
         evaluator.compile(configs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from portkern.base.errors import PerfConfigError
 from portkern.tuner import cpu_config
 from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.cpu_space import CpuSpace
@@ -24,8 +25,11 @@ class CpuFamily(Family):
         return CpuConfig.from_lowering_config(root_config)
 
     def follower_config(self, follower: str, dispatch: Dispatch, config: PerfConfig) -> str | None:
+        default = dispatch.default
+        if not isinstance(default, CpuConfig) or not isinstance(config, CpuConfig):
+            raise PerfConfigError(f"dispatch {dispatch.label}: {config} and its default {default} are not both CPU configs")
         parallel = [i for i, p in enumerate(dispatch.parallel) if p]
-        return cpu_config.follow_root(follower, dispatch.default, config, parallel)  # type: ignore[arg-type]
+        return cpu_config.follow_root(follower, default, config, parallel)
 
     def space(self, dispatch: Dispatch, threads: int) -> CpuSpace:
         return CpuSpace(dispatch, threads)

@@ -44,6 +44,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
+from portkern.base.errors import PerfConfigError
 from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.space import Stage
@@ -83,7 +84,10 @@ class CpuSpace:
 
     @property
     def default(self) -> CpuConfig:
-        return self.dispatch.default  # type: ignore[return-value]
+        default = self.dispatch.default
+        if not isinstance(default, CpuConfig):
+            raise PerfConfigError(f"dispatch {self.dispatch.label}: no CPU default config to search around")
+        return default
 
     @property
     def lanes(self) -> int:
@@ -173,14 +177,14 @@ class CpuSpace:
             (config.vector_parallel[i] or config.distribution[i] or size) if parallel else (config.vector_reduction[i] or size)
             for i, (size, parallel) in enumerate(zip(d.sizes, d.parallel))
         ]
-        if not self.attention:
-            return math.prod(effective)
         lane = self.lane
+        if not self.attention or lane is None:  # attention has a lane loop
+            return math.prod(effective)
         rows = math.prod(e for i, e in enumerate(effective) if d.parallel[i] and i != lane)
         untiled = [i for i, p in enumerate(d.parallel) if not p and not self.default.vector_reduction[i]]
         keys = math.prod(e for i, e in enumerate(effective) if not d.parallel[i] and i not in untiled)
         head = math.prod(d.sizes[i] for i in untiled)
-        return rows * keys * max(effective[lane], head)  # type: ignore[index]
+        return rows * keys * max(effective[lane], head)
 
     def _distribution_reason(self, config: CpuConfig) -> str | None:
         d = self.dispatch
@@ -252,13 +256,13 @@ class CpuSpace:
         if stage == 1:
             return _unique(c for base in bases for c in sorted(self.distributions(base), key=self.score)[:QUICK_DISTRIBUTIONS])
         every = self.stage_candidates(0, ())
-        if self.attention:
-            whole = self.dispatch.sizes[self.lane]  # type: ignore[index]
-            return _unique(c for rows in self._attention_quick_rows() for keys in ATTENTION_QUICK_KEYS
-                           for c in every if self._shape(c, self.lane) == (rows, whole, keys))  # type: ignore[arg-type]
-        if not self.contraction:
-            return sorted(every, key=self._distance)[: len(QUICK_SHAPES)]
         lane = self.lane
+        if self.attention and lane is not None:  # attention has a lane loop
+            whole = self.dispatch.sizes[lane]
+            return _unique(c for rows in self._attention_quick_rows() for keys in ATTENTION_QUICK_KEYS
+                           for c in every if self._shape(c, lane) == (rows, whole, keys))
+        if not self.contraction or lane is None:  # a contraction has a lane loop
+            return sorted(every, key=self._distance)[: len(QUICK_SHAPES)]
         wanted = []
         for rows, vectors in QUICK_SHAPES:
             for k in QUICK_REDUCTION:
@@ -312,9 +316,10 @@ class CpuSpace:
         """Register-tile cost: rows amortise the B-vector loads, lane vectors amortise the A
         broadcasts, and a tile needing more registers than there are spills. The weights fit
         a single-thread sweep of a 256x384x512 f32 GEMM on AVX-512 to within ~5%."""
-        if not self.contraction:
+        lane = self.lane
+        if not self.contraction or lane is None:  # a contraction has a lane loop
             return 1.0 + 0.1 * self._distance(config)
-        rows, width, k = self._shape(config, self.lane)  # type: ignore[arg-type]
+        rows, width, k = self._shape(config, lane)
         vectors = math.ceil(width / self.lanes)
         cost = 1 + ROW_WEIGHT / rows + VECTOR_WEIGHT / vectors
         needed = rows * vectors + vectors + 1

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 
+from portkern.base.records import to_plain, wire
 from portkern.tuner.perfconfig import PerfConfig
 
 
@@ -26,7 +27,7 @@ class Dispatch:
     #: Largest element size (bytes) among the root op's operands.
     element_bytes: int
     #: The compiler's own config for the root op, None when it cannot be read.
-    default: PerfConfig | None
+    default: PerfConfig | None = field(metadata=wire(encode=lambda config: str(config) if config is not None else None))
     #: What the dispatch computes (op kinds, indexing maps, types): the tuning DB's problem key.
     problem: str
     #: The target's native vector width in bytes (CPU), 0 when not stated.
@@ -59,9 +60,4 @@ class Dispatch:
 
     def to_dict(self) -> dict:
         """Plain data (what a worker sends back from its analysis)."""
-        data = asdict(self)
-        data.update(
-            sizes=list(self.sizes), parallel=list(self.parallel), points=list(self.points),
-            default=str(self.default) if self.default is not None else None,
-        )
-        return data
+        return to_plain(self)

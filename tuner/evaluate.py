@@ -17,6 +17,7 @@ from typing import Protocol, Sequence
 
 from portkern.base.errors import KernelRuntimeError, TuningError, gist
 from portkern.jit.finalize import module_options
+from portkern.jit.native import compile_job
 from portkern.jit.target import Target
 from portkern.jit.workers import Job, Pool, Source
 from portkern.portable.bundle import Signature
@@ -64,7 +65,7 @@ class IreeCandidates:
         if options not in self.variants:
             raise TuningError(f"{self.name}: no module compiled with {', '.join(options)} to stamp {config[:120]!r} on")
         target, source = self.variants[options]
-        return Job.compile(id, self.name, target, source, config)
+        return compile_job(id, self.name, target, source, config)
 
     def bench(self, driver: str) -> Bench:
         return Bench(self.entry, driver, self.inputs, self.parameters)

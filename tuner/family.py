@@ -26,7 +26,7 @@ class Family:
     #: The family name, as in perf-config strings (`<name>:v<version>:...`).
     name: ClassVar[str]
     #: The perf-config class of this family.
-    config: ClassVar[type]
+    config: ClassVar[type[PerfConfig]]
 
     def is_root(self, lowering_config: str) -> bool:
         """Whether a printed lowering config is the one of a dispatch's root op."""
@@ -52,7 +52,7 @@ class Family:
         """The dispatch function's new translation info for `config`, None to keep it."""
         return None
 
-    def space(self, dispatch: Dispatch, threads: int) -> Space | None:
+    def space(self, dispatch: Dispatch, threads: int) -> Space[Any] | None:
         """The search space of a dispatch on a device with `threads` worker threads, None if there is none."""
         return None
 

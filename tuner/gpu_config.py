@@ -80,6 +80,16 @@ class GpuConfig(VersionedConfig):
         if self.mma != "none" and any(self.thread):
             raise PerfConfigError(f"{self.mma}: an MMA config has subgroup tiles, not thread tiles")
 
+    @classmethod
+    def from_fields(cls, fields: list[str]) -> GpuConfig:
+        """A config from the fields of its string form (each family's subclass reads its own)."""
+        raise NotImplementedError
+
+    @classmethod
+    def from_attributes(cls, lowering_config: str, translation_info: str) -> GpuConfig:
+        """The config of a root op's printed lowering config and its function's translation_info."""
+        raise NotImplementedError
+
     def shared_fields(self) -> list[str]:
         """The string fields every GPU family starts with: tiles, intrinsic, workgroup size."""
         return [*(format_tiles(getattr(self, name)) for name in self.tile_fields), self.mma, format_tiles(self.workgroup_size)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from portkern.base.errors import PerfConfigError
 from portkern.tuner import gpu_config, gpu_target
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.family import Family
@@ -20,6 +21,7 @@ class GpuFamily(Family):
 
     #: The backend of the executable targets this family tunes ("rocm", "cuda").
     backend: ClassVar[str]
+    config: ClassVar[type[gpu_config.GpuConfig]]
 
     def is_root(self, lowering_config: str) -> bool:
         return gpu_config.is_root(lowering_config)
@@ -30,13 +32,19 @@ class GpuFamily(Family):
         )
 
     def default_config(self, root_config: str, translation_info: str) -> PerfConfig:
-        return self.config.from_attributes(root_config, translation_info)  # type: ignore[attr-defined]
+        return self.config.from_attributes(root_config, translation_info)
 
     def root_config(self, current: str, config: PerfConfig) -> str:
-        return config.lowering_config(current)  # type: ignore[call-arg]
+        return self._gpu(config).lowering_config(current)
 
     def translation_info(self, translation_info: str, config: PerfConfig) -> str | None:
-        return config.translation_info(translation_info)  # type: ignore[attr-defined]
+        return self._gpu(config).translation_info(translation_info)
+
+    def _gpu(self, config: PerfConfig) -> gpu_config.GpuConfig:
+        """`config` as the GPU config it must be (PerfConfigError for another family's)."""
+        if not isinstance(config, gpu_config.GpuConfig):
+            raise PerfConfigError(f"{config} is not a {self.name} config")
+        return config
 
     def space(self, dispatch: Dispatch, threads: int) -> GpuSpace | None:
         limits = gpu_target.limits(dispatch.gpu_target)

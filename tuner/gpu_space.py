@@ -33,6 +33,7 @@ import re
 from dataclasses import replace
 from typing import Sequence
 
+from portkern.base.errors import PerfConfigError
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.gpu_config import GpuConfig, mma_shape
 from portkern.tuner.gpu_target import GpuLimits
@@ -77,6 +78,14 @@ def no_space_reason(dispatch: Dispatch, limits: GpuLimits) -> str:
     return ""
 
 
+def _shape(mma: str) -> tuple[int, int, int]:
+    """(M, N, K) of an intrinsic of the space (a config's that passed `GpuConfig.check`, or one of `intrinsics`)."""
+    shape = mma_shape(mma)
+    if shape is None:
+        raise PerfConfigError(f"{mma} is not a single-block MxNxK intrinsic")
+    return shape
+
+
 def _signature(mma: str) -> tuple[str, str, str]:
     """An intrinsic's (kind, accumulator type, operand type): `NV_MMA_SYNC_F32_16x8x16_F16` -> ("NV_MMA_SYNC", "F32", "F16")."""
     match = re.fullmatch(r"(\w*?)_?([A-Z0-9]+)_\d+x\d+x\d+_(\w+)", mma)
@@ -88,11 +97,14 @@ class GpuSpace:
 
     stages = (Stage("tiles", "deployed"),)
 
-    def __init__(self, dispatch: Dispatch, config_class: type, limits: GpuLimits) -> None:
+    def __init__(self, dispatch: Dispatch, config_class: type[GpuConfig], limits: GpuLimits) -> None:
         self.dispatch = dispatch
         self.limits = limits
         self.config_class = config_class
-        self._default: GpuConfig = dispatch.default  # type: ignore[assignment]
+        default = dispatch.default
+        if not isinstance(default, GpuConfig):
+            raise PerfConfigError(f"dispatch {dispatch.label}: no GPU default config to search around")
+        self._default = default
         self.reduction_loop = next(i for i, p in enumerate(dispatch.parallel) if not p)
         tiles = self._default.subgroup if self._default.mma != "none" else self._default.thread
         self.tiled = [i for i, t in enumerate(tiles) if t and dispatch.parallel[i]]
@@ -117,7 +129,9 @@ class GpuSpace:
                 found.setdefault(str(config), config)
         return sorted(found.values(), key=self.score)
 
-    def _with(self, workgroup: dict, inner: dict, reduction: int, workgroup_size, mma: str, prefetch: int) -> GpuConfig | None:
+    def _with(
+        self, workgroup: dict[int, int], inner: dict[int, int], reduction: int, workgroup_size: tuple[int, int, int], mma: str, prefetch: int
+    ) -> GpuConfig | None:
         d = self._default
         wg, level = list(d.workgroup), list(d.subgroup if mma != "none" else d.thread)
         for dim, size in workgroup.items():
@@ -126,18 +140,20 @@ class GpuSpace:
             level[dim] = size
         red = list(d.reduction)
         red[self.reduction_loop] = reduction
-        fields = dict(workgroup=tuple(wg), reduction=tuple(red), workgroup_size=tuple(workgroup_size), mma=mma, prefetch_stages=prefetch)
-        fields["subgroup" if mma != "none" else "thread"] = tuple(level)
+        subgroup, thread = (tuple(level), d.thread) if mma != "none" else (d.subgroup, tuple(level))
         try:
-            return replace(d, **fields)
-        except Exception:  # noqa: BLE001 - PerfConfigError: out of the config's own bounds
+            return replace(
+                d, workgroup=tuple(wg), subgroup=subgroup, thread=thread, reduction=tuple(red),
+                workgroup_size=workgroup_size, mma=mma, prefetch_stages=prefetch,
+            )
+        except PerfConfigError:  # out of the config's own bounds
             return None
 
     def _mma(self):
         d, sizes = self._default, self.dispatch.sizes
         m, n = self.tiled
         for mma in self.intrinsics():
-            im, in_, _ = mma_shape(mma)  # type: ignore[misc]
+            im, in_, _ = _shape(mma)
             for sm, sn, wm, wn, r, prefetch in itertools.product(
                 MMA_SUBGROUP_TILES, MMA_SUBGROUP_TILES, MMA_SUBGROUPS, MMA_SUBGROUPS, MMA_REDUCTION_TILES, PREFETCH_STAGES
             ):
@@ -180,9 +196,9 @@ class GpuSpace:
                 return f"G1: workgroup tile {config.workgroup[dim]} does not divide loop {dim} ({sizes[dim]})"
         try:
             config.check()
-        except Exception as exc:  # noqa: BLE001 - PerfConfigError: tiles and launch shape disagree
+        except PerfConfigError as exc:  # tiles and launch shape disagree
             return f"launch shape: {exc}"
-        k_step = mma_shape(config.mma)[2] if config.mma != "none" else 1  # type: ignore[index]
+        k_step = _shape(config.mma)[2] if config.mma != "none" else 1
         k_tile = config.reduction[self.reduction_loop] * k_step
         if not k_tile or sizes[self.reduction_loop] % k_tile:
             return f"G1: reduction tile {k_tile} does not divide the reduction loop ({sizes[self.reduction_loop]})"
@@ -216,14 +232,14 @@ class GpuSpace:
     def _accumulators(self, config: GpuConfig) -> int:
         if config.mma == "none":
             return math.prod(t for t in config.thread if t)
-        im, in_, _ = mma_shape(config.mma)  # type: ignore[misc]
+        im, in_, _ = _shape(config.mma)
         m, n = self.tiled
         return config.subgroup[m] * config.subgroup[n] * im * in_ // config.subgroup_size
 
     def shared_memory(self, config: GpuConfig) -> int:
         """Bytes of operand tiles an MMA config stages in shared memory (G5)."""
         m, n = self.tiled
-        k_tile = config.reduction[self.reduction_loop] * mma_shape(config.mma)[2]  # type: ignore[index]
+        k_tile = config.reduction[self.reduction_loop] * _shape(config.mma)[2]
         return (config.workgroup[m] + config.workgroup[n]) * k_tile * self.dispatch.element_bytes
 
     # --- the Space protocol ----------------------------------------------------------

@@ -18,7 +18,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from portkern.base.errors import TuningError
+from portkern.base.errors import KernelRuntimeError, TuningError
+from portkern.base.records import to_plain
 from portkern.portable.bundle import Signature
 from portkern.portable.dtypes import numpy_dtype
 
@@ -58,9 +59,7 @@ class Timing:
         return cls(ordered[n // 2], ordered[n // 4], ordered[(3 * n) // 4], ordered[0], n)
 
     def to_dict(self) -> dict:
-        return {
-            "median_s": self.median_s, "q1_s": self.q1_s, "q3_s": self.q3_s, "min_s": self.min_s, "runs": self.runs, "spread": self.spread,
-        }
+        return {**to_plain(self), "spread": self.spread}
 
 
 def driver_for(ranking: str, deployed: str) -> str:
@@ -73,9 +72,9 @@ def make_inputs(signature: Signature, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     arrays = []
     for index, spec in enumerate(signature.inputs):
-        if any(d is None for d in spec.shape):
+        shape = tuple(d for d in spec.shape if d is not None)
+        if len(shape) != len(spec.shape):
             raise TuningError(f"argument {index} has a dynamic dimension ({spec}); inputs need sizes (tune per shape bucket)")
-        shape = tuple(spec.shape)
         dtype = numpy_dtype(spec.dtype)
         if dtype.kind == "f":
             arrays.append(rng.uniform(-1.0, 1.0, shape).astype(dtype))
@@ -146,11 +145,17 @@ class Bench:
             self._device_inputs = executable.upload(self.inputs)
         return executable
 
+    def _uploaded(self) -> list:
+        """The inputs on the device (uploaded by the first `load`)."""
+        if self._device_inputs is None:
+            raise KernelRuntimeError("no candidate was loaded on this bench: its inputs are not on the device yet")
+        return self._device_inputs
+
     def outputs(self, executable) -> list[np.ndarray]:
-        return executable(*self._device_inputs)
+        return executable(*self._uploaded())
 
     def time(self, executable, **options) -> Timing:
-        arguments = self._device_inputs
+        arguments = self._uploaded()
         return time_calls(lambda: executable.invoke(*arguments), **options)
 
     def interleaved(self, executables: Sequence, rounds: int = ROUNDS, runs: int = ROUND_RUNS) -> list[Timing]:

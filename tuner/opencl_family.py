@@ -13,14 +13,13 @@ build job and counts as a failed candidate, with the reason.
 from __future__ import annotations
 
 import hashlib
-import json
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from portkern.cache.keys import kernel_digest
 from portkern.base.errors import PerfConfigError, PortkernError
+from portkern.cache.keys import opencl_problem
 from portkern.jit.args import bind_launch
 from portkern.jit.opencl_native import Executable
 from portkern.jit.target import Target
@@ -188,7 +187,6 @@ class OpenclFamily(Family):
 
     def kernel_tuning(self, natives: Any, record: KernelRecord, target: Target) -> tuple[list[Dispatch], OpenclCandidates]:
         launch = launch_of(record)
-        built = hashlib.sha256(json.dumps([record.launch, [s.blob for s in record.stages]], sort_keys=True).encode()).hexdigest()
         points = [point_config(v.params).partition("=")[2] for v in launch.variants]
         space = [(name, sorted({dict(v.params)[name] for v in launch.variants})) for name in launch.params]
         at = ",".join(f"{k}={v}" for k, v in launch.tune_at)
@@ -201,7 +199,7 @@ class OpenclFamily(Family):
             parallel=(True,) * len(space),
             element_bytes=0,
             default=parse_point(points[0]),
-            problem=f"opencl:{kernel_digest(record.kind, record.entry, built)} points={len(points)} at {at or 'static shapes'}",
+            problem=opencl_problem(record.kind, record.entry, record.launch, [s.blob for s in record.stages], len(points), at),
             native_vector_bytes=0,
             requested=True,
             points=tuple(points),

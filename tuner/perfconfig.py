@@ -73,7 +73,7 @@ class VersionedConfig:
         return to_string(self)
 
 
-def to_string(config: PerfConfig) -> str:
+def to_string(config: PerfConfig | VersionedConfig) -> str:
     """The versioned string form of a perf config."""
     return f"{config.family}:v{config.version}:{','.join(config.fields())}"
 

@@ -6,6 +6,8 @@ its entry in `FAMILIES`.
 
 from __future__ import annotations
 
+from typing import Any
+
 from portkern.base.errors import PerfConfigError
 from portkern.portable.bundle import KernelRecord
 from portkern.tuner import amdgpu_family, cpu_family, cuda_family, opencl_family
@@ -76,7 +78,7 @@ def dispatch_from_data(data: dict) -> Dispatch:
         raise PerfConfigError(f"not a dispatch description: {exc}") from None
 
 
-def space_for(dispatch: Dispatch, threads: int) -> Space | None:
+def space_for(dispatch: Dispatch, threads: int) -> Space[Any] | None:
     """The search space of a dispatch on a device with `threads` worker threads, None if there is none
     (`no_space_reason` says why)."""
     if not dispatch.tunable or dispatch.family not in FAMILIES:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
+from portkern.base.records import from_plain, to_plain, wire
 from portkern.jit.workers import Compiled
 from portkern.tuner.measure import Timing
 
@@ -22,15 +23,13 @@ class Evaluation(Compiled):
 
     config: str
     #: Timings by runtime driver.
-    timings: dict[str, Timing] = field(default_factory=dict)
+    timings: dict[str, Timing] = field(default_factory=dict, metadata=wire(encode=lambda timings: {k: t.to_dict() for k, t in timings.items()}))
     sha256: str = ""
     duplicate_of: str = ""
     bench_s: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["timings"] = {k: t.to_dict() for k, t in self.timings.items()}
-        return data
+        return to_plain(self)
 
 
 @dataclass
@@ -67,12 +66,12 @@ class DispatchResult:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "speedup": self.speedup}
+        return {**to_plain(self), "speedup": self.speedup}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DispatchResult":
-        known = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in data.items() if k in known})
+        """A result from plain data (unknown keys ignored); TypeError when a field is missing."""
+        return from_plain(cls, data)
 
 
 @dataclass
@@ -108,6 +107,23 @@ class TuneResult:
     def complete(self) -> bool:
         """Whether every searched dispatch ran its strategy to the end (no time limit or budget cut it short)."""
         return all(d.complete for d in self.dispatches)
+
+    @classmethod
+    def from_selection(cls, stored: dict[str, Any], kernel: str, device: str) -> "TuneResult":
+        """The result a kernel's stored selection (a tuning-DB record) describes."""
+        dispatches = []
+        for data in stored.get("dispatches", []):
+            if not isinstance(data, dict):
+                continue
+            try:
+                searched = data.get("source") == "search"
+                dispatches.append(DispatchResult.from_dict({**data, "source": "db" if searched else data.get("source", "db")}))
+            except TypeError:  # a record from another version: the selection itself still holds
+                continue
+        return cls(
+            kernel, device, str(stored.get("strategy", "")), str(stored["config"]), "selection", dispatches,
+            stored.get("default_s"), stored.get("best_s"),
+        )
 
     def to_dict(self, evaluations: bool = False) -> dict[str, Any]:
         data = {

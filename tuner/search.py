@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from portkern.tuner.evaluate import Evaluator
 from portkern.tuner.kernel_config import KernelConfig
@@ -51,7 +51,7 @@ class Search:
     def __init__(
         self,
         evaluator: Evaluator,
-        space: Space,
+        space: Space[Any],
         base: KernelConfig,
         index: int,
         budget: Budget,

@@ -1,4 +1,4 @@
-"""Tuning a kernel on a target: the loader's entry points and the `Tuner` that runs searches.
+"""Tuning a kernel on a target: the entry points behind `tune=` and the `Tuner` that runs searches.
 
 `tune_kernel` answers from the tuning DB when it can (this kernel's stored
 selection, else stored results for each of its dispatches' problems) and
@@ -15,23 +15,25 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable, Literal, TypeGuard
 
-from portkern.cache.keys import tuning_key
 from portkern.base.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError, brief
+from portkern.cache import keys
+from portkern.cache.store import UNUSABLE
+from portkern.cache.tuning import TuningDB
 from portkern.jit.finalize import CONFIGURED_PHASE, MODULE_OPTIONS, OPTION_DRIVERS
 from portkern.jit.native import NativeCode, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
 from portkern.jit.toolchain import toolchain_for
 from portkern.jit.workers import Pool, Source, cores, shared_pool
 from portkern.portable.bundle import KernelRecord
-from portkern.tuner import analysis, kernel_config, perfconfig, registry, strategies
+from portkern.tuner import analysis, jobs, kernel_config, perfconfig, registry, strategies
 from portkern.tuner.buckets import tune_shapes
-from portkern.tuner.db import TuningDB, result_from_selection, satisfies
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.evaluate import Evaluator, IreeCandidates
 from portkern.tuner.kernel_config import DEFAULT, KernelConfig
 from portkern.tuner.measure import ROUNDS
+from portkern.tuner.perfconfig import PerfConfig
 from portkern.tuner.results import DispatchResult, TuneResult
 from portkern.tuner.search import Budget, Progress, Search
 
@@ -48,6 +50,7 @@ class Tuner:
     """Runs tuning searches on the worker pool (its own pool of `workers`, else the process's)."""
 
     def __init__(self, workers: int | None = None) -> None:
+        jobs.register()  # the workers read dispatches and stamp configs with the tuner's handlers
         self.workers = workers
         self._pool: Pool | None = Pool(workers) if workers else None
         #: One search at a time: the pool and the benchmarks need the cores to themselves.
@@ -92,26 +95,49 @@ class Tuner:
         problem = selection_problem(record, target)
         if module.LEVEL == 0:
             result = TuneResult(record.name, target.label, strategy, DEFAULT, "default", note="the compiler's default, stored as the kernel's selection")
-            db.put_selection(problem, target, natives.bundle.name, result)
+            _put_selection(db, problem, target, natives.bundle.name, result)
             return result
         dynamic = "" if registry.kernel_family(record) else _dynamic_dimension(record)
         if dynamic:
             note = f"{dynamic} is dynamic: the dynamic default runs; tune per shape bucket with shapes=[...] (portkern tune --shapes)"
             return TuneResult(record.name, target.label, strategy, DEFAULT, "default", note=note)
         limited = budget is not None or time_limit is not None
-        stored = None if retune else db.selection(problem, target)
+        stored = None if retune else db.selection(problem, target.fingerprint)
         if satisfies(stored, strategy, limited) and _valid(stored["config"]):
-            return result_from_selection(stored, record.name, target.label)
-        with self._busy, natives.store.lock(tuning_key(problem, target.fingerprint, db.compiler)):
-            stored = None if retune else db.selection(problem, target)
+            return TuneResult.from_selection(stored, record.name, target.label)
+        with self._busy, db.lock(problem, target.fingerprint):
+            stored = None if retune else db.selection(problem, target.fingerprint)
             if satisfies(stored, strategy, limited) and _valid(stored["config"]):
-                return result_from_selection(stored, record.name, target.label)
+                return TuneResult.from_selection(stored, record.name, target.label)
             run = _Run(self, natives, record, target, module, db, budget, time_limit, retune, progress)
             result = run.execute()
         result.wall_s = time.perf_counter() - start
         # Stored even when nothing was worth tuning, so the next call need not analyse the kernel again.
-        db.put_selection(problem, target, natives.bundle.name, result)
+        _put_selection(db, problem, target, natives.bundle.name, result)
         return result
+
+
+def satisfies(record: dict[str, Any] | None, strategy: str, limited: bool = False) -> TypeGuard[dict[str, Any]]:
+    """Whether a stored result answers a request for `strategy`: its strategy was at least as
+    thorough (`strategies.level`) and, unless the request is `limited` (its own budget or time
+    limit), its search was complete; never one marked unusable."""
+    if not record or not isinstance(record.get("config"), str) or not isinstance(record.get("strategy"), str):
+        return False
+    if record.get(UNUSABLE):
+        return False
+    if record.get("complete", True) is not True and not limited:
+        return False
+    return strategies.level(record["strategy"]) >= strategies.level(strategy)
+
+
+def dispatch_problem(dispatch: Dispatch, target: Target) -> str:
+    """The tuning problem of a dispatch run on a target (by its driver, with this host's cores)."""
+    return keys.dispatch_problem(dispatch.problem, target.driver, cores())
+
+
+def _put_selection(db: TuningDB, problem: str, target: Target, bundle: str, result: TuneResult) -> None:
+    fields = {k: v for k, v in result.to_dict().items() if k not in ("device", "source", "wall_s", "failed_candidates")}
+    db.put_selection(problem, target.fingerprint, target.label, bundle, fields)
 
 
 def _dynamic_dimension(record: KernelRecord) -> str:
@@ -172,9 +198,9 @@ class _Run:
         for d in found:
             if d.index not in chosen:
                 continue
-            stored = None if self.retune else self.db.dispatch(d, self.target)
+            stored = None if self.retune else self.db.dispatch(dispatch_problem(d, self.target), self.target.fingerprint)
             config = _stored_config(stored, d, self.module.NAME, self.limited)
-            if config is False:
+            if stored is None or config is False:  # nothing stored answers
                 to_search.append(d)
                 continue
             base = base.with_dispatch(d.index, config)
@@ -210,7 +236,7 @@ class _Run:
         if self.record.source_stage() is None:
             self.options_note = "module options not tried: the kernel has no source stage"
             return base
-        chosen = {analysis.root_problem(d.problem): base.get(d.index) for d in self.found if base.get(d.index) is not None}
+        chosen = {analysis.root_problem(d.problem): config for d in self.found if (config := base.get(d.index)) is not None}
         variants = [base]
         for option in MODULE_OPTIONS:
             plan = self.natives.plan(self.record, self.target, option)
@@ -239,7 +265,7 @@ class _Run:
         self.options_note = f"module options timed whole: {described}; none faster by {MIN_GAIN:.0%}"
         return base
 
-    def _search(self, d: Dispatch, base: KernelConfig, left: int) -> tuple[DispatchResult, object]:
+    def _search(self, d: Dispatch, base: KernelConfig, left: int) -> tuple[DispatchResult, PerfConfig | None]:
         result = DispatchResult(d.index, d.name, d.problem, source="search", strategy=self.module.NAME)
         seconds = None
         if self.deadline is not None:
@@ -268,10 +294,11 @@ class _Run:
         result.default_s, result.best_s = timings
         result.config = perfconfig.to_string(config) if config is not None else DEFAULT
         result.wall_s = time.perf_counter() - started
-        self.db.put_dispatch(d, self.target, result)
+        fields = {k: v for k, v in result.to_dict().items() if k not in ("index", "name", "source")}
+        self.db.put_dispatch(dispatch_problem(d, self.target), self.target.fingerprint, self.target.label, fields)
         return result, config
 
-    def _decide(self, search: Search):
+    def _decide(self, search: Search) -> tuple[PerfConfig | None, tuple[float | None, float | None]]:
         """The dispatch's winner after re-timing finalists with the default side by side."""
         default = str(search.base)
         finalists = [c for c in search.finalists(FINALISTS) if c != default]
@@ -322,7 +349,7 @@ def _option_label(config: str, base: str) -> str:
     return f"{option} with the dispatch configs" if dispatches else f"{option} alone"
 
 
-def _stored_config(stored: dict | None, d: Dispatch, strategy: str, limited: bool):
+def _stored_config(stored: dict[str, Any] | None, d: Dispatch, strategy: str, limited: bool) -> PerfConfig | None | Literal[False]:
     """A stored dispatch result's config (None: the default), or False when it does not answer."""
     if not satisfies(stored, strategy, limited):
         return False
@@ -335,7 +362,7 @@ def _stored_config(stored: dict | None, d: Dispatch, strategy: str, limited: boo
     return config if config.rank == len(d.sizes) else False
 
 
-# --- the loader's entry points ----------------------------------------------------
+# --- entry points for `tune=` (`portkern.bundle`: the tuner behind the loader) ------------
 
 #: The process-wide tuner used by `bundle.kernel(..., tune=...)`: it runs on the shared worker pool.
 _shared = Tuner()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, TypeVar
 
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.perfconfig import PerfConfig
@@ -18,35 +18,42 @@ class Stage:
     ranking: str
 
 
-class Space(Protocol):
+#: The perf-config class of a space (a space takes back only configs of its own family).
+ConfigT = TypeVar("ConfigT", bound=PerfConfig)
+
+
+class Space(Protocol[ConfigT]):
     """The valid perf configs of one dispatch (the default config is never among the candidates)."""
 
-    dispatch: Dispatch
-    stages: tuple[Stage, ...]
+    @property
+    def dispatch(self) -> Dispatch: ...
 
     @property
-    def default(self) -> PerfConfig: ...
+    def stages(self) -> tuple[Stage, ...]: ...
 
-    def stage_candidates(self, stage: int, bases: Sequence[PerfConfig]) -> list[PerfConfig]:
+    @property
+    def default(self) -> ConfigT: ...
+
+    def stage_candidates(self, stage: int, bases: Sequence[ConfigT]) -> list[ConfigT]:
         """Every valid candidate of a stage, derived from the best configs of the stage before."""
         ...
 
-    def quick_candidates(self, stage: int, bases: Sequence[PerfConfig]) -> list[PerfConfig]:
+    def quick_candidates(self, stage: int, bases: Sequence[ConfigT]) -> list[ConfigT]:
         """A short list of known-good candidates of a stage."""
         ...
 
-    def joint(self) -> list[PerfConfig]:
+    def joint(self) -> list[ConfigT]:
         """Every valid candidate, all fields varied together."""
         ...
 
-    def score(self, config: PerfConfig) -> float:
+    def score(self, config: ConfigT) -> float:
         """A cost model's estimate of relative time (lower is better)."""
         ...
 
-    def neighbors(self, config: PerfConfig, pool: Sequence[PerfConfig]) -> list[PerfConfig]:
+    def neighbors(self, config: ConfigT, pool: Sequence[ConfigT]) -> list[ConfigT]:
         """The candidates of `pool` one step away from `config`."""
         ...
 
-    def prune_reason(self, config: PerfConfig) -> str | None:
+    def prune_reason(self, config: ConfigT) -> str | None:
         """Why a config is not a candidate, None when it is."""
         ...

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from portkern.base.errors import PortkernError
+from portkern.base.records import to_plain
 from portkern.jit import finalize
-from portkern.tuner import analysis, registry
 from portkern.portable.bundle import IREE_KINDS
+from portkern.tuner import analysis, registry
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.results import DispatchResult
 
@@ -121,7 +122,7 @@ def sweep_bundle(tuner, loaded, target, strategies: Sequence[str], budget: int |
         for strategy in strategies:
             where = dict(bundle=loaded.bundle.name, kernel=name, strategy=strategy)
             try:
-                result = tuner.tune(loaded, record, target, strategy, budget=budget, retune=True)
+                result = tuner.tune(loaded.natives, record, target, strategy, budget=budget, retune=True)
             except PortkernError as exc:
                 outcomes.append(Outcome(**where, dispatch=getattr(exc, "dispatch", ""), kind=ERROR, detail=type(exc).__name__))
                 continue
@@ -166,5 +167,5 @@ class Tally:
             "results": self.results,
             "reasons": dict(self.reasons.most_common()),
             "errors": dict(self.errors.most_common()),
-            "untyped": [o.__dict__ for o in self.untyped],
+            "untyped": [to_plain(o) for o in self.untyped],
         }

@@ -6,6 +6,7 @@ import argparse
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Mapping
 
 from portkern.cli.common import JSON_FORMAT, Report, add_json, add_sign, human_size, shown, table
 
@@ -109,7 +110,7 @@ def _stage_text(stage) -> str:
     return f"{stage.family}/{stage.phase}{' (placeholder)' if stage.placeholder else ''}"
 
 
-def serves(device: dict) -> str:
+def serves(device: Mapping[str, Any]) -> str:
     """Which hosts native code built for this device (a fingerprint as plain data) is served to."""
     from portkern.cache.device import DeviceFingerprint
     from portkern.jit.cpu import serves as hosts_served
@@ -130,8 +131,8 @@ def code_kind(device: dict, config: str) -> str:
 
 def describe(path: Path) -> Report:
     """A bundle's kernels, stages, native slices, producers, digest and signature."""
-    from portkern.portable.bundle import IREE_KINDS, decode_file, read_bundle_head
     from portkern.base.signing import from_env, verify_file
+    from portkern.portable.bundle import IREE_KINDS, decode_file, read_bundle_head
 
     raw, size = read_bundle_head(path)
     bundle = decode_file(path, raw, file_size=size)

@@ -7,8 +7,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, device_filter, human_age, human_size, store_from, table
 from portkern.base.errors import CacheError
+from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, device_filter, human_age, human_size, store_from, table
 
 #: Entries `cache ls` shows without `--all` or `--limit`.
 DEFAULT_LIMIT = 50
@@ -213,9 +213,8 @@ def run_clear(args: argparse.Namespace) -> Report:
 
 
 def run_export(args: argparse.Namespace) -> Report:
-    from portkern.cache.transfer import export
-
     from portkern.base.signing import key_to_sign_with
+    from portkern.cache.transfer import export
 
     store = store_from(args)
     report = export(store, args.file, device=device_filter(args.device, store), sign_with=key_to_sign_with(args.sign))

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, shown, store_from, table
 from portkern.base.errors import PortkernError, brief
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, shown, store_from, table
 
 
 def register(sub) -> None:
@@ -30,7 +31,7 @@ def run_check(args: argparse.Namespace) -> Report:
     store = store_from(args)
     bundle = portkern.load(args.bundle, store=store)
     target = devices.resolve(args.device, store)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in bundle.names():
         record = bundle.record(name)
         if not toolchain_for(record).accepts(target):
@@ -46,7 +47,7 @@ def run_check(args: argparse.Namespace) -> Report:
                          "detail": f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=None)}"})
             continue
         if native is None:
-            row = {"state": "would compile", "ready": False, "origin": None, "detail": None}
+            row: dict[str, Any] = {"state": "would compile", "ready": False, "origin": None, "detail": None}
         else:
             detail = f"built for {native.built_for}" if native.built_for and native.built_for != target.label else None
             if native.origin == "baseline":

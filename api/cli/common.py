@@ -10,7 +10,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from portkern.base.errors import PortkernError, UsageError, brief
 
@@ -21,8 +21,11 @@ JSON_FORMAT = 1
 #: Exit status of a command whose output pipe closed early (as for a process ended by SIGPIPE).
 BROKEN_PIPE_STATUS = 141
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 #: A command's result: plain data for `--json`, and how to show it to a person.
-Render = Callable[["Console"], None]  # noqa: F821 - rich's Console, imported lazily
+Render = Callable[["Console"], None]  # rich's Console, imported lazily
 
 
 @dataclass
@@ -120,8 +123,8 @@ def device_filter(spec: str | None, store=None) -> str | None:
     in any spelling `finalize --target` accepts ("gfx942", "amdgpu:gfx942", "cpu",
     "cpu:znver4", ...); DeviceError for others. An OpenCL device resolves only on its own
     machine, so an `opencl:` label is taken as written."""
-    from portkern.cache.store import Filter
     from portkern.base.errors import DeviceError
+    from portkern.cache.store import Filter
     from portkern.jit import devices
 
     if spec is None or re.fullmatch(r"[0-9a-f]{8,64}", spec) or (store is not None and store.count(Filter(device=spec))):

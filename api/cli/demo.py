@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,7 +100,7 @@ def run_opencl_examples(output: Path, store, rng: np.random.Generator, log, tune
     from portkern.portable.builder import build_file
     from portkern.portable.opencl import APT_HINT, missing_tools
 
-    report = {"bundle": str(output), "skipped": None, "results": []}
+    report: dict[str, Any] = {"bundle": str(output), "skipped": None, "results": []}
     missing = missing_tools("opencl")
     if missing:
         report["skipped"] = f"{', '.join(missing)} not installed ({APT_HINT})"

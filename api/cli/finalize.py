@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, console, human_size, store_from, table
 from portkern.base.errors import PortkernError, UsageError, brief
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, console, human_size, store_from, table
 
 
 def register(sub) -> None:
@@ -40,9 +41,9 @@ def register(sub) -> None:
 
 def run_finalize(args: argparse.Namespace) -> Report:
     import portkern
+    from portkern.base.signing import check_signing_key, key_to_sign_with
     from portkern.cache import transfer
     from portkern.jit import codeobject, devices
-    from portkern.base.signing import check_signing_key, key_to_sign_with
 
     if args.workers is not None and args.workers < 1:
         raise UsageError("--workers must be at least 1")
@@ -56,7 +57,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
     names = args.kernel or bundle.names()
     for name in names:
         bundle.record(name)
-    rows = []
+    rows: list[dict[str, Any]] = []
     with _progress(disabled=args.json) as show:
         prepared = [(target, bundle.prepare(spec, names, workers=args.workers, progress=show.for_target(target.label, len(names))))
                     for spec, target in zip(specs, targets)]

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import logging
 import sys
 import warnings
 
 from portkern import __version__
-from portkern.cli.common import emit, fail, quiet_broken_pipe
 from portkern.base.errors import PortkernError, UsageError
+from portkern.cli.common import emit, fail, quiet_broken_pipe
 
 #: Modules that each add one or more subcommands with `register(subparsers)`.
 COMMANDS = (
@@ -50,6 +51,14 @@ def _show_warning(message, category, filename, lineno, file=None, line=None):
     print(f"portkern: warning: {message}", file=sys.stderr)
 
 
+class _LogToStderr(logging.Handler):
+    """portkern's logged warnings (operational events: a fallback taken, an entry dropped), shown
+    as its warnings are, on the stderr of the moment."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(f"portkern: {record.levelname.lower()}: {record.getMessage()}", file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; the exit status: 0, 1 when the command failed or found something wrong,
     2 for a bad command line, 130 when interrupted, and 141 (the shell's status for a process
@@ -72,6 +81,8 @@ def _run(argv: list[str]) -> int:
     except UsageError as exc:
         return fail(exc, "--json" in argv)
     warnings.showwarning = _show_warning
+    shown = _LogToStderr(logging.WARNING)
+    logging.getLogger("portkern").addHandler(shown)
     try:
         return emit(args.handler(args), getattr(args, "json", False))
     except PortkernError as exc:
@@ -79,6 +90,8 @@ def _run(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print("portkern: interrupted", file=sys.stderr)
         return 130
+    finally:
+        logging.getLogger("portkern").removeHandler(shown)
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ import os
 import time
 from pathlib import Path
 
-from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, store_from, table
 from portkern.base.errors import ArgumentTypeError, PortkernError, brief
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, store_from, table
 
 
 def register(sub) -> None:
@@ -67,7 +67,7 @@ def run_kernel(args: argparse.Namespace) -> Report:
     if args.out:
         try:
             with open(args.out, "wb") as out:
-                np.savez(out, **{f"result{i}": r for i, r in enumerate(results)})
+                np.savez(out, **{f"result{i}": r for i, r in enumerate(results)})  # type: ignore[arg-type]  # numpy's stub reads the names as allow_pickle
         except OSError as exc:
             raise PortkernError(f"cannot write {args.out}: {exc}") from None
     data = {

@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, console, store_from, table
 from portkern.base.errors import DispatchTuningError, PortkernError, TuningError, brief
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, console, store_from, table
+
+if TYPE_CHECKING:
+    from rich.progress import TaskID
 
 
 def register(sub) -> None:
@@ -68,7 +72,7 @@ def run_tune(args: argparse.Namespace) -> Report:
                 time_limit = max(1e-3, (deadline - time.perf_counter()) / (len(records) - position))
             try:
                 results.append(
-                    tuner.tune(bundle, record, target, args.strategy, budget=args.budget, time_limit=time_limit, retune=args.retune, progress=show)
+                    tuner.tune(bundle.natives, record, target, args.strategy, budget=args.budget, time_limit=time_limit, retune=args.retune, progress=show)
                 )
             except PortkernError as exc:  # one kernel's failure: reported, the others are still tuned
                 errors.append(_error(record.name, exc))
@@ -119,7 +123,7 @@ def _compile_only(args: argparse.Namespace, bundle, records, target) -> Report:
     try:
         for record in records:
             try:
-                reports = compile_space(bundle, record, target, pool, budget=args.budget)
+                reports = compile_space(bundle.natives, record, target, pool, budget=args.budget)
             except PortkernError as exc:  # one kernel's failure: reported, the others are still compiled
                 errors.append(_error(record.name, exc))
                 continue
@@ -188,7 +192,7 @@ def _tune_shapes(args: argparse.Namespace, bundle, records, target) -> Report:
     with Tuner(workers=args.workers) as tuner, _progress(disabled=args.json) as show:
         for record in records:
             found += tune_kernel_shapes(
-                bundle, record, target, args.strategy, shapes, tuner=tuner, budget=args.budget, time_limit=args.time_limit,
+                bundle.natives, record, target, args.strategy, shapes, tuner=tuner, budget=args.budget, time_limit=args.time_limit,
                 retune=args.retune, progress=show,
             )
     buckets = [{k: v for k, v in r.to_dict().items() if k != "tuning"} for r in found]
@@ -226,7 +230,7 @@ class _progress:
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
             console=console(stderr=True), disable=disabled, transient=False,
         )
-        self.tasks: dict[tuple[str, str], int] = {}
+        self.tasks: dict[tuple[str, str], TaskID] = {}
 
     def __enter__(self):
         self.bar.start()

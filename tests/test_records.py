@@ -1,0 +1,57 @@
+"""`portkern.base.records`: dataclasses to and from plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Union
+
+import pytest
+
+from portkern.base.records import from_plain, to_plain, wire
+
+
+@dataclass(frozen=True)
+class Point:
+    x: int
+    y: int = 0
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    points: tuple[Point, ...]
+    dims: tuple[tuple[Union[int, str], ...], ...] = ()
+    rules: Mapping[str, Union[str, tuple[int, ...]]] = field(default_factory=dict, metadata=wire(omit=True))
+    origin: Optional[Point] = field(default=None, metadata=wire(omit=True))
+    size: tuple[int, ...] = field(default=(), metadata=wire(name="global"))
+    pairs: tuple[tuple[str, str], ...] = field(default=(), metadata=wire(encode=dict, decode=lambda d: tuple(sorted(d.items()))))
+    note: str = field(default="", metadata=wire(omit=lambda shape: not shape.points))
+
+
+def test_round_trip_keeps_field_order_and_types():
+    shape = Shape("s", (Point(1, 2), Point(3)), (("M", 4),), {"M": (8, 16), "N": "exact"}, Point(0), (2, 3), (("a", "1"),), "n")
+    data = to_plain(shape)
+    assert list(data) == ["name", "points", "dims", "rules", "origin", "global", "pairs", "note"]
+    assert data == {
+        "name": "s", "points": [{"x": 1, "y": 2}, {"x": 3, "y": 0}], "dims": [["M", 4]], "rules": {"M": [8, 16], "N": "exact"},
+        "origin": {"x": 0, "y": 0}, "global": [2, 3], "pairs": {"a": "1"}, "note": "n",
+    }
+    assert from_plain(Shape, data) == shape
+
+
+def test_omitted_fields_come_back_as_defaults():
+    shape = Shape("s", ())
+    assert to_plain(shape) == {"name": "s", "points": [], "dims": [], "global": [], "pairs": {}}
+    assert from_plain(Shape, to_plain(shape)) == shape
+
+
+def test_unknown_keys_are_ignored_and_missing_fields_are_type_errors():
+    assert from_plain(Point, {"x": 1, "z": 9}) == Point(1)
+    with pytest.raises(TypeError, match="'x' is missing"):
+        from_plain(Point, {"y": 1})
+    with pytest.raises(TypeError):
+        from_plain(Point, [1, 2])
+
+
+def test_values_that_do_not_fit_the_hints_are_kept_as_they_are():
+    assert from_plain(Shape, {"name": "s", "points": 5}).points == 5
