@@ -7,13 +7,12 @@ import sys
 
 import numpy as np
 import pytest
+from helpers import build_mlir
 
 import portkern
 from portkern.base.errors import ArgumentShapeError, ArgumentTypeError
 from portkern.jit import vmcall
 from portkern.portable.builder import build_file
-
-from helpers import build_mlir
 
 SCALAR_ADD = """
 func.func @main(%a: tensor<f32>, %b: tensor<f32>) -> tensor<f32> {
