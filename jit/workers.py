@@ -442,7 +442,9 @@ class Pool:
 
     def _died(self, worker: _Worker, job: Job) -> Result:
         words = worker.last_words()
-        if any(sign in words for sign in ("bad_alloc", "out of memory", "MemoryError", "Cannot allocate memory", "pthread_create failed")):
+        # the signs an allocation refused under the address-space bound leaves (Python, libstdc++, LLVM's buffers, threads)
+        signs = ("bad_alloc", "out of memory", "MemoryError", "Cannot allocate memory", "allocation failed", "pthread_create failed")
+        if any(sign in words for sign in signs):
             return Result(id=job.id, status="oom", error=self._oom_message(worker))
         return Result(id=job.id, status="crash", error=self._exit_message(worker))
 
