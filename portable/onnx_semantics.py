@@ -66,7 +66,7 @@ kernel computes what onnx's reference computes, on every ISA level it runs on.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
@@ -215,6 +215,18 @@ class _Names:
         return name
 
 
+def _element_type(node: Any, types: Types, inputs: Sequence[str], why: str) -> int:
+    """The element type code of `inputs` (the first one known); BuildError naming the node and `why`
+    it is needed when none is known."""
+    code = None
+    for name in inputs:
+        code = code or types.get(name)
+    if code is None:
+        what = "its inputs" if len(inputs) > 1 else "its input"
+        raise BuildError(f"{node.op_type} node {node.name or node.output[0]!r}: the element type of {what} is not known, so {why}")
+    return code
+
+
 def _bitshift(node: Any, types: Types, constants: Constants, names: _Names) -> list[Any] | None:
     """The nodes that replace one BitShift node, or None where its shift amounts are all in range."""
     import numpy as np
@@ -222,12 +234,7 @@ def _bitshift(node: Any, types: Types, constants: Constants, names: _Names) -> l
 
     x, s = node.input
     (y,) = node.output
-    code = types.get(x) or types.get(s)
-    if code is None:
-        raise BuildError(
-            f"BitShift node {node.name or y!r}: the element type of its inputs is not known, so a shift by a negative "
-            "amount or by the type's width or more could not be made to give onnx's result"
-        )
+    code = _element_type(node, types, (x, s), "a shift by a negative amount or by the type's width or more could not be made to give onnx's result")
     if code not in _INTEGERS:
         return None  # not an integer type: the importer refuses it
     bits, signed = _INTEGERS[code]
@@ -274,12 +281,7 @@ def _nan(node: Any, types: Types, ranks: dict[str, int], constants: Constants, n
     y = node.output[0] if node.output else ""
     if not y:
         return None
-    code = types.get(x)
-    if code is None:
-        raise BuildError(
-            f"{op} node {node.name or y!r}: the element type of its input is not known, so its result "
-            "for a NaN could not be made to give onnx's"
-        )
+    code = _element_type(node, types, (x,), "its result for a NaN could not be made to give onnx's")
     if code not in _FLOATS:
         return None
     base = (node.name or y).replace("/", "_")
@@ -382,12 +384,7 @@ def _unsafe_division(node: Any, types: Types, constants: Constants) -> tuple[boo
     from onnx import helper
 
     x, d = node.input
-    code = types.get(x) or types.get(d)
-    if code is None:
-        raise BuildError(
-            f"{node.op_type} node {node.name or node.output[0]!r}: the element type of its inputs is not known, so an "
-            "integer division by zero could not be kept from the hardware"
-        )
+    code = _element_type(node, types, (x, d), "an integer division by zero could not be kept from the hardware")
     if code not in _INTEGERS:
         return None
     bits, signed = _INTEGERS[code]
@@ -575,9 +572,7 @@ def _topk(node: Any, types: Types, names: _Names, opset: int) -> list[Any] | Non
     x = node.input[0] if node.input else ""
     if not x or len(node.output) < 2 and not node.output[0]:
         return None
-    code = types.get(x)
-    if code is None:
-        raise BuildError(f"TopK node {node.name or node.output[0]!r}: the element type of its input is not known, so its order for a NaN could not be made onnx's")
+    code = _element_type(node, types, (x,), "its order for a NaN could not be made onnx's")
     if code not in _FLOATS or (code == _DOUBLE and opset < 11):
         return None
     b = _Builder(node.name or node.output[0], names)
@@ -609,9 +604,7 @@ def _max_pool(node: Any, types: Types, dims: Dims, constants: Constants, produce
     if len(node.output) != 1 or not node.input or not node.input[0]:
         return None
     x, (out,) = node.input[0], node.output
-    code = types.get(x)
-    if code is None:
-        raise BuildError(f"MaxPool node {node.name or out!r}: the element type of its input is not known, so its result for a NaN could not be made onnx's")
+    code = _element_type(node, types, (x,), "its result for a NaN could not be made onnx's")
     if code not in _FLOATS:
         return None
     attributes = {a.name: helper.get_attribute_value(a) for a in node.attribute}
