@@ -30,6 +30,11 @@ def brief(text: object, lines: int | None = 1, *, last: bool = False, limit: int
     return sep.join(found)[:limit]
 
 
+def one_line(text: object, limit: int | None = None) -> str:
+    """Every distinct non-empty line of a message joined by spaces, cut at `limit` characters."""
+    return brief(text, None, sep=" ", limit=limit)
+
+
 _LOCATION = re.compile(r" [^\s:]*:\d+:\d+: ")
 _NOISE = re.compile(r"^.*?IREE failed between phases \S+ and \S+: |^[^\s:]*:\d+:\d+: ")
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from portkern import onnx as backend
-from portkern.base.errors import BuildError, FinalizeError, PortkernError, brief
+from portkern.base.errors import BuildError, FinalizeError, PortkernError, one_line
 from portkern.examples import onnx_models
 
 #: Outcomes of one case on one side, in the order they are reported.
@@ -237,4 +237,4 @@ def run_portkern(case: Case, **options) -> Sequence:
 
 
 def _line(exc: BaseException) -> str:
-    return brief(exc, lines=None, sep=" ", limit=400)
+    return one_line(exc, limit=400)

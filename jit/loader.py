@@ -28,7 +28,7 @@ from portkern.base.errors import (
     PerfConfigError,
     PortkernError,
     TuningError,
-    brief,
+    one_line,
 )
 from portkern.cache.keys import validated_key
 from portkern.cache.store import Store, default_store
@@ -337,7 +337,7 @@ class LoadedBundle:
 
     def _set_aside(self, record: KernelRecord, target: Target, config: str, error: Exception) -> None:
         """Log that a stored config does not build, and mark its record so it is not used again."""
-        reason = brief(error, lines=None, sep=" ", limit=300)
+        reason = one_line(error, limit=300)
         log.warning(
             "stored tuning config %r of %r on %s does not build (%s); using the compiler's default and marking "
             "the stored result unusable", config[:80], record.name, target.label, reason,

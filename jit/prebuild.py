@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
-from portkern.base.errors import DeviceError, PortkernError, brief
+from portkern.base.errors import DeviceError, PortkernError, one_line
 from portkern.jit.native import DEFAULT_CONFIG, compile_job, stage_source
 from portkern.jit.target import Target
 from portkern.jit.toolchain import IREE
@@ -79,7 +79,7 @@ def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | Non
         if result is not None and not result.ok:
             errors[index] = result.error_for(record.name, target)
         if index in errors:
-            why = f"{type(errors[index]).__name__}: {brief(errors[index], lines=None, sep=' ', limit=None)}"
+            why = f"{type(errors[index]).__name__}: {one_line(errors[index])}"
             failures.append(Failure(record.name, target.label, why))
             continue
         data = results[index].data["native"]

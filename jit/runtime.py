@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from portkern.base import settings
-from portkern.base.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError, brief
+from portkern.base.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError, one_line
 from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def runtime_config(driver: str):
                 process.configs[driver] = rt.Config(device=_binding.create_hal_driver(driver).create_default_device())
             except (RuntimeError, ValueError) as exc:
                 # rt.Config hides the driver's own message in __cause__.
-                cause = brief(exc.__cause__ or exc, lines=None, sep=" ", limit=None)
+                cause = one_line(exc.__cause__ or exc)
                 raise DeviceError(f"IREE runtime driver {driver!r} is not usable here: {cause[:500]}") from None
         return process.configs[driver]
 

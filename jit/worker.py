@@ -220,7 +220,7 @@ def _bound_memory(limit: int) -> None:
 
 def run_job(state: _State, job: dict) -> dict:
     """One job's result message; errors are reported by type name, never raised."""
-    from portkern.base.errors import PortkernError, brief
+    from portkern.base.errors import PortkernError, one_line
 
     result: dict[str, Any] = {"id": job.get("id"), "ok": False, "error": "", "error_type": ""}
     handler = _KINDS.get(job.get("kind", ""))
@@ -232,7 +232,7 @@ def run_job(state: _State, job: dict) -> dict:
         result.update(handler(state, job))
         result["ok"] = True
     except PortkernError as exc:
-        result.update(error=brief(exc, lines=None, sep=" ", limit=2000), error_type=type(exc).__name__)
+        result.update(error=one_line(exc, limit=2000), error_type=type(exc).__name__)
     except Exception as exc:  # noqa: BLE001 - a job's boundary: any failure (the bindings raise plain
         # RuntimeError on hostile input) is reported to the parent, and the worker takes the next job
         result.update(unexpected_error(exc))
@@ -248,10 +248,10 @@ def unexpected_error(exc: Exception) -> dict[str, Any]:
     if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         # under the address-space bound, an allocation refused anywhere (a library's own, an import) is out of memory
         return {"error": "out of memory", "error_type": "MemoryError"}
-    from portkern.base.errors import brief
+    from portkern.base.errors import one_line
 
     # the compiler's state is not to be trusted after this: the parent replaces the worker
-    return {"error": f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=1000)}", "error_type": "", "retire": True}
+    return {"error": f"{type(exc).__name__}: {one_line(exc, limit=1000)}", "error_type": "", "retire": True}
 
 
 def main() -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from portkern.base.errors import BuildError, CompileError, brief
+from portkern.base.errors import BuildError, CompileError, one_line
 from portkern.portable.compiler import operations
 from portkern.portable.lower import PORTABLE_PHASE
 
@@ -138,7 +138,7 @@ def _attribute(text: str, context: Any) -> "ir.Attribute":
     try:
         return ir.Attribute.parse(text, context)
     except ir.MLIRError as exc:
-        raise CompileError(f"cannot parse target attribute {text[:80]}...: {brief(exc, lines=None, sep=' ', limit=300)}") from None
+        raise CompileError(f"cannot parse target attribute {text[:80]}...: {one_line(exc, limit=300)}") from None
 
 
 def has_encodings(flow_bytecode: bytes) -> bool:

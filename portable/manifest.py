@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
-from portkern.base.errors import LaunchSpecError, ManifestError, brief, did_you_mean
+from portkern.base.errors import LaunchSpecError, ManifestError, did_you_mean, one_line
 from portkern.base.framing import read_bounded
 from portkern.schemas import validator
 
@@ -153,7 +153,7 @@ def _to_python(node: yaml.Node, where: KeyPath, lines: dict[KeyPath, int], path:
 def _yaml_problem(exc: yaml.YAMLError, text: str, path: Path) -> str:
     """One line: file, line and column, what PyYAML found, and the offending source line."""
     mark = getattr(exc, "problem_mark", None)
-    problem = getattr(exc, "problem", None) or brief(exc, lines=None, sep=" ", limit=None)
+    problem = getattr(exc, "problem", None) or one_line(exc)
     if mark is None:
         return f"{path}: not valid YAML: {problem}"
     context, context_mark = getattr(exc, "context", None), getattr(exc, "context_mark", None)

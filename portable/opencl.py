@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from portkern.base.errors import BuildError, CompileError, LaunchSpecError, brief
+from portkern.base.errors import BuildError, CompileError, LaunchSpecError, brief, one_line
 from portkern.base.framing import read_bounded
 from portkern.portable import spirv
 from portkern.portable.bundle import KernelRecord, Stage, sha256
@@ -139,7 +139,7 @@ def _build_points(spec: KernelSpec, launch: Launch, sources: Sequence[VariantSou
         )
     failed = [(v, o) for v, o in outcomes if isinstance(o, BuildError)]
     if failed:
-        reasons = "; ".join(f"{point_text(v.params)}: {brief(o, lines=None, sep=' ', limit=300)}" for v, o in failed[:5])
+        reasons = "; ".join(f"{point_text(v.params)}: {one_line(o, limit=300)}" for v, o in failed[:5])
         more = f" (+{len(failed) - 5} more)" if len(failed) > 5 else ""
         warnings.warn(
             f"{spec.source}: kernel {spec.name!r}: {len(failed)} of {len(outcomes)} points of the parameter space "
@@ -233,7 +233,7 @@ def _compile(source: Path, defines: Sequence[tuple[str, str]], origin: str, note
             if _validation_error(plain, work) is None:
                 notes.append(
                     f"{origin}: built at -O0: llvm-spirv-15 made no valid SPIR-V from the {opt} build "
-                    f"({brief(problem, lines=None, sep=' ', limit=200)}); the OpenCL driver optimises the kernel on the device"
+                    f"({one_line(problem, limit=200)}); the OpenCL driver optimises the kernel on the device"
                 )
                 return plain
         raise BuildError(f"{origin}: the SPIR-V that llvm-spirv made fails validation (spirv-val): {problem}")

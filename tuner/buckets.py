@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from portkern.base.errors import ArgumentShapeError, PortkernError, TuningError, brief
+from portkern.base.errors import ArgumentShapeError, PortkernError, TuningError, one_line
 from portkern.base.records import to_plain
 from portkern.cache.tuning import TuningDB
 from portkern.jit.buckets import BucketRecord, read_index, specialised_bundle
@@ -160,7 +160,7 @@ def _tune_bucket(natives: NativeCode, record, target, strategy, values, label, t
             vmfbs.append(compile_dynamic(natives.bundle, record, target, tuned.config))
             bucket_compile_s = time.perf_counter() - started
         except PortkernError as exc:
-            note = f"the tuned config does not fit the dynamic module ({brief(exc, lines=None, sep=' ', limit=300)}); "
+            note = f"the tuned config does not fit the dynamic module ({one_line(exc, limit=300)}); "
     bench = Bench(record.entry, target.driver, make_inputs(special.signature), natives.parameters_for(record))
     timings = [t.min_s for t in bench.interleaved([bench.load(v) for v in vmfbs])]
     dynamic_s, special_s = timings[0], timings[1]

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Callable, Literal, TypeGuard
 
-from portkern.base.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError, brief
+from portkern.base.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError, one_line
 from portkern.cache import keys
 from portkern.cache.store import UNUSABLE
 from portkern.cache.tuning import TuningDB
@@ -243,7 +243,7 @@ class _Run:
             try:
                 analysed = self.natives.analyse(plan)
             except PortkernError as exc:
-                self.options_note = f"module option {option} not tried: {type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=200)}"
+                self.options_note = f"module option {option} not tried: {type(exc).__name__}: {one_line(exc, limit=200)}"
                 continue
             code = analysed.configured
             self.candidates.add_variant((option,), plan.target, Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE))

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from portkern.base.errors import PortkernError, brief
+from portkern.base.errors import PortkernError, one_line
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, shown, store_from, table
 
 
@@ -44,7 +44,7 @@ def run_check(args: argparse.Namespace) -> Report:
             native = bundle.available(plan)
         except PortkernError as exc:
             rows.append({"kernel": name, "state": "error", "ready": False, "origin": None, "config": None, "key": None,
-                         "detail": f"{type(exc).__name__}: {brief(exc, lines=None, sep=' ', limit=None)}"})
+                         "detail": f"{type(exc).__name__}: {one_line(exc)}"})
             continue
         if native is None:
             row: dict[str, Any] = {"state": "would compile", "ready": False, "origin": None, "detail": None}

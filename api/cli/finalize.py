@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from portkern.base.errors import PortkernError, UsageError, brief
+from portkern.base.errors import PortkernError, UsageError, one_line
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, console, human_size, store_from, table
 
 
@@ -65,7 +65,7 @@ def run_finalize(args: argparse.Namespace) -> Report:
         for name, native in outcomes.items():
             row = {"kernel": name, "target": target.label, "fingerprint": target.fingerprint.digest()}
             if isinstance(native, PortkernError):
-                rows.append({**row, "ok": False, "error": f"{type(native).__name__}: {brief(native, lines=None, sep=' ', limit=None)}"})
+                rows.append({**row, "ok": False, "error": f"{type(native).__name__}: {one_line(native)}"})
                 continue
             rows.append(
                 {

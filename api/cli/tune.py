@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from portkern.base.errors import DispatchTuningError, PortkernError, TuningError, brief
+from portkern.base.errors import DispatchTuningError, PortkernError, TuningError, one_line
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, console, store_from, table
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def _error(kernel: str, exc: PortkernError) -> dict:
         "kernel": kernel,
         "dispatch": exc.dispatch if isinstance(exc, DispatchTuningError) else None,
         "type": type(exc).__name__,
-        "message": brief(exc.reason if isinstance(exc, DispatchTuningError) else exc, lines=None, sep=" ", limit=None),
+        "message": one_line(exc.reason if isinstance(exc, DispatchTuningError) else exc),
     }
 
 
