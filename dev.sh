@@ -170,7 +170,7 @@ case "$cmd" in
   portkern) setup; portkern="$(cd "$VENV/bin" && pwd)/portkern"; cd "$CALLER_DIR"; exec "$portkern" "$@" ;;
   compat) setup; compat ;;
   lint) setup; lint ;;
-  torch) setup; "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[all,torch]"; exec "$VENV/bin/python" -m pytest tests/test_tensors.py tests/test_torch_programs.py "$@" ;;
+  torch) setup; "$VENV/bin/python" -m pip install -q -c constraints.txt -e ".[all,torch,corpus]"; exec "$VENV/bin/python" -m pytest tests/test_tensors.py tests/test_torch_programs.py tests/test_export_corpus.py "$@" ;;
   bench) setup; for b in bench/*.py; do log "$b"; "$VENV/bin/python" "$b"; done ;;
   *) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

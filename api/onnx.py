@@ -79,7 +79,10 @@ class PortkernBackend(Backend):
         the same model and options: `rep.bundle_origin`) and finalise it for `device`.
 
         Options: `tune` (as for `LoadedBundle.kernel`), `store` (a `portkern.cache.store.Store`),
-        `name` (the kernel's name; default from the graph's name).
+        `name` (the kernel's name; default from the graph's name), and the manifest's shape choices
+        (docs/shapes.md): `shapes` (by input or output name: sizes, symbols, result expressions),
+        `constraints` (conditions over the symbols) and `unchecked` (True: build without a shape
+        contract where none can be derived).
         """
         super().prepare(model, device, **kwargs)
         spec = device_spec(device)
@@ -89,7 +92,7 @@ class PortkernBackend(Backend):
         store: Store | None = kwargs.get("store")
         # named with our pid, so that `portkern cache verify` removes it if this process is killed
         with tempfile.TemporaryDirectory(prefix=f"portkern-onnx-{os.getpid()}-") as tmp:
-            bundle, origin = model_bundle(model, name, what, store, Path(tmp))
+            bundle, origin = model_bundle(model, name, what, store, Path(tmp), shape_options(kwargs))
             try:
                 kernel = bundle.kernel(name, device=spec, tune=kwargs.get("tune"))
             except FinalizeError as exc:
@@ -117,13 +120,29 @@ class PortkernBackend(Backend):
         return True
 
 
-def model_bundle(model: onnx.ModelProto, name: str, what: str, store: Store | None, workdir: Path) -> tuple[LoadedBundle, str]:
+def shape_options(kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """`prepare`'s `shapes=`, `constraints=` and `unchecked=` as manifest entries (those given)."""
+    options: dict[str, Any] = {}
+    if kwargs.get("shapes") is not None:
+        options["shapes"] = {str(k): list(v) for k, v in dict(kwargs["shapes"]).items()}
+    if kwargs.get("constraints") is not None:
+        options["constraints"] = [str(c) for c in kwargs["constraints"]]
+    if kwargs.get("unchecked"):
+        options["unchecked"] = True
+    return options
+
+
+def model_bundle(
+    model: onnx.ModelProto, name: str, what: str, store: Store | None, workdir: Path, options: Mapping[str, Any] | None = None
+) -> tuple[LoadedBundle, str]:
     """The model's bundle, loaded, and where it came from ("cache" or "built"): the one an earlier
     `prepare` kept in the cache for the same model bytes and build options (`bundle_key`), else one
     built now (in `workdir`) and kept there. A kept bundle the loader refuses is removed and built
-    anew; a model whose weights are left in external data files is always built."""
+    anew; a model whose weights are left in external data files is always built. `options`: the
+    manifest entries for its shapes (`shape_options`)."""
     places = store if store is not None else default_store()
-    key = None if has_external_data(model) else bundle_key(model.SerializeToString(deterministic=True), {"name": name})
+    options = dict(options or {})
+    key = None if has_external_data(model) else bundle_key(model.SerializeToString(deterministic=True), {"name": name, **options})
     if key is not None:
         found = cached_bundle(places, key)
         if found is not None:
@@ -134,7 +153,8 @@ def model_bundle(model: onnx.ModelProto, name: str, what: str, store: Store | No
             if found is not None:
                 return found, "cache"
         (workdir / "model.onnx").write_bytes(as_kernel(model, name).SerializeToString())
-        (workdir / "manifest.yaml").write_text(f"bundle: {name}\nkernels:\n  - name: {name}\n    source: model.onnx\n")
+        entry = "".join(f"    {key}: {json.dumps(value)}\n" for key, value in options.items())
+        (workdir / "manifest.yaml").write_text(f"bundle: {name}\nkernels:\n  - name: {name}\n    source: model.onnx\n{entry}")
         notes = build_isolated(workdir / "manifest.yaml", workdir / "model.pkb", what, str(workdir / "model.onnx"))
         kept = keep_bundle(places, key, workdir / "model.pkb", notes) if key is not None else None
         return load(kept or workdir / "model.pkb", store=places), "built"

@@ -105,6 +105,11 @@ class MalformedBundleError(BundleError):
     """The payload decodes but does not match the bundle schema."""
 
 
+class BundleChangedError(BundleError):
+    """A loaded bundle's file was changed in place (written into or truncated) while its
+    parameters were in use: load it again (and replace live bundles by rename)."""
+
+
 class IncompatibleProducerError(BundleError):
     """The bundle was produced by a compiler the installed one cannot read."""
 

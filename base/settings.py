@@ -18,6 +18,19 @@
 | `PORTKERN_REQUIRE_SIGNATURE` | native code only when signed by a trusted key | off | an unreadable value is on |
 | `PORTKERN_SIGNING_KEY` | private key that signs what this machine publishes | none | |
 | `PORTKERN_ROLE` | `publisher` or `reader` (`portkern.base.signing` checks it) | by `PORTKERN_SIGNING_KEY` | |
+| `PORTKERN_CONFIG` | the config file (below); set and empty: none | `portkern.toml` in the user config dir, if there | |
+
+A config file may hold any setting above but `PORTKERN_CONFIG`, named without the prefix
+in lower case (`cache_maxsize = "2GB"`, `require_signature = true`, `remote_timeout = 5`):
+`portkern.toml` (the `platformdirs` user config dir, e.g. `~/.config/portkern/portkern.toml`),
+or the file `PORTKERN_CONFIG` names; a file called `pyproject.toml` gives its `[tool.portkern]`
+table, any other its top level. Values are TOML strings (as the environment spells them),
+numbers (bytes, seconds) or booleans (flags); `cache_dir` may be a list of directories;
+relative paths (`cache_dir`, `trusted_keys`, `signing_key`) are relative to the file's
+directory. The environment wins: a setting set in the environment (even empty) is not read
+from the file. A key that is no setting, a value of another type, or a file that cannot be
+read or parsed is one `SettingWarning` (its settings, or that one, are not used); a bad value
+warns like a bad environment value, naming the file and the key.
 
 Sizes are a number of bytes with an optional suffix, with one meaning per suffix everywhere:
 decimal `K`/`KB` = 10^3, `M`/`MB` = 10^6, `G`/`GB` = 10^9, `T`/`TB` = 10^12, `P`/`PB` = 10^15, `E`/`EB` = 10^18;
@@ -31,8 +44,8 @@ Flags take `1/true/yes/on` and `0/false/no/off` (any case).
 One policy for a value that cannot be used: one `SettingWarning` per process and value, then the
 default (`PORTKERN_REQUIRE_SIGNATURE` fails closed: on); a value above its bound is one
 `SettingWarning` and the bound. Reading a setting never
-raises. Settings are read from the environment each time they are asked for, so a change takes
-effect at the next use.
+raises. Settings are read from the environment (and the config file, parsed again when it
+changes) each time they are asked for, so a change takes effect at the next use.
 """
 
 from __future__ import annotations
@@ -42,8 +55,10 @@ import os
 import re
 import sys
 import warnings
+from functools import lru_cache
+from pathlib import Path
 from types import FrameType
-from typing import Callable, TypeVar
+from typing import Any, Callable, NamedTuple, TypeVar
 
 from portkern.base.errors import SettingError
 
@@ -63,6 +78,18 @@ TRUSTED_KEYS = "PORTKERN_TRUSTED_KEYS"
 REQUIRE_SIGNATURE = "PORTKERN_REQUIRE_SIGNATURE"
 SIGNING_KEY = "PORTKERN_SIGNING_KEY"
 ROLE = "PORTKERN_ROLE"
+CONFIG = "PORTKERN_CONFIG"
+#: Every setting a config file may hold (`config_key` names it there).
+FILE_SETTINGS = (
+    CACHE_DIR, CACHE_DISABLE, CACHE_MAXSIZE, COMPILE_TIMEOUT, COMPILE_MEMORY, COMPILE, BACKGROUND, EXECUTOR_MIN_BYTES,
+    REMOTE_CACHE, REMOTE_MAX_VALUE, REMOTE_TIMEOUT, REMOTE_LOCK_S, TRUSTED_KEYS, REQUIRE_SIGNATURE, SIGNING_KEY, ROLE,
+)
+#: Settings whose relative paths in a config file are relative to its directory.
+_PATH_SETTINGS = (CACHE_DIR, TRUSTED_KEYS, SIGNING_KEY)
+#: The config file's name in the user config dir.
+CONFIG_FILE = "portkern.toml"
+#: A config file larger than this is not read.
+MAX_CONFIG_BYTES = 1 << 20
 
 DEFAULT_CACHE_MAXSIZE = 1 << 30
 LARGEST_CACHE_MAXSIZE = 1 << 60
@@ -153,8 +180,124 @@ def _outside() -> int:
     return level
 
 
+# --- where a setting comes from: the environment, else the config file -------------------
+
+
+class Given(NamedTuple):
+    """A setting as given: where (`label`: the variable, or `FILE: key`), its text, and
+    whether it was given at all."""
+
+    label: str
+    raw: str
+    given: bool
+
+
+def config_key(name: str) -> str:
+    """The key of setting `name` in a config file (`PORTKERN_CACHE_MAXSIZE` -> `cache_maxsize`)."""
+    return name.removeprefix("PORTKERN_").lower()
+
+
+def config_file() -> Path | None:
+    """The config file in use: the one `PORTKERN_CONFIG` names (set and empty: none), else
+    `portkern.toml` in the user config dir when it exists."""
+    if CONFIG in os.environ:
+        named = os.environ[CONFIG].strip()
+        return Path(named).expanduser() if named else None
+    default = _default_config(os.environ.get("XDG_CONFIG_HOME"), os.environ.get("HOME"))
+    return default if default.is_file() else None
+
+
+@lru_cache(maxsize=4)
+def _default_config(xdg_config_home: str | None, home: str | None) -> Path:
+    """`portkern.toml` in platformdirs' user config dir (which follows these two variables)."""
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("portkern", appauthor=False)) / CONFIG_FILE
+
+
+def _file_values() -> dict[str, Given]:
+    """The settings the config file holds, each warning about it given once."""
+    path = config_file()
+    if path is None:
+        return {}
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        warn(CONFIG if CONFIG in os.environ else "config file", str(path), f"cannot be read ({exc.strerror or exc}); no config file is used")
+        return {}
+    values, problems = _parsed(str(path), st.st_mtime_ns, st.st_size, st.st_ino)
+    for label, value, consequence in problems:
+        warn(label, value, consequence)
+    return values
+
+
+@lru_cache(maxsize=4)
+def _parsed(path: str, mtime_ns: int, size: int, inode: int) -> tuple[dict[str, Given], tuple[tuple[str, str, str], ...]]:
+    """The settings of a config file (by its identity, so a changed file is parsed again) and
+    the problems found in it, as (label, value, consequence)."""
+    if sys.version_info >= (3, 11):
+        import tomllib as toml
+    else:  # pyproject.toml requires tomli there
+        import tomli as toml  # type: ignore[import-not-found, unused-ignore]
+    where = Path(path)
+    try:
+        with open(where, "rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            return {}, ((path, f"{size} bytes", f"is larger than {MAX_CONFIG_BYTES} bytes; its settings are not used"),)
+        document: Any = toml.loads(data.decode("utf-8"))
+    except (OSError, UnicodeDecodeError, toml.TOMLDecodeError) as exc:
+        problem = exc.strerror if isinstance(exc, OSError) else str(exc)
+        return {}, ((CONFIG if CONFIG in os.environ else "config file", path, f"is not a readable TOML file ({problem}); its settings are not used"),)
+    table = document
+    if where.name == "pyproject.toml":
+        table = document.get("tool", {}).get("portkern") if isinstance(document.get("tool"), dict) else None
+        if not isinstance(table, dict):
+            return {}, ((CONFIG if CONFIG in os.environ else "config file", path, "has no [tool.portkern] table; no setting is read from it"),)
+    known = {config_key(name): name for name in FILE_SETTINGS}
+    values: dict[str, Given] = {}
+    problems: list[tuple[str, str, str]] = []
+    for key, value in table.items():
+        label = f"{path}: {key}"
+        name = known.get(key)
+        if name is None:
+            problems.append((label, repr(value)[:80], f"is not a portkern setting (known: {', '.join(sorted(known))}); ignored"))
+            continue
+        raw = _file_text(value, name, where.parent)
+        if raw is None:
+            problems.append((label, repr(value)[:80], "is not a string, number or boolean; ignored"))
+            continue
+        values[name] = Given(label, raw, True)
+    return values, tuple(problems)
+
+
+def _file_text(value: Any, name: str, directory: Path) -> str | None:
+    """A config file value as the environment would spell it (None: not a usable type)."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return str(int(value)) if value.is_integer() and abs(value) < 2**63 else repr(value)
+    if name == CACHE_DIR and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = os.pathsep.join(value)
+    if not isinstance(value, str):
+        return None
+    if name not in _PATH_SETTINGS:
+        return value
+    parts = value.split(os.pathsep) if name == CACHE_DIR else [value]
+    return os.pathsep.join(str(directory / Path(p.strip()).expanduser()) if p.strip() else p for p in parts)
+
+
+def given(name: str) -> Given:
+    """Setting `name` as given: in the environment (set, even empty), else in the config file."""
+    if name in os.environ:
+        return Given(name, os.environ[name], True)
+    return _file_values().get(name) or Given(name, "", False)
+
+
 def _raw(name: str) -> str:
-    return os.environ.get(name, "")
+    return given(name).raw
 
 
 def text(name: str) -> str:
@@ -166,7 +309,7 @@ def flag(name: str, default: bool = False, unreadable: bool | None = None) -> bo
     """A boolean setting: 1/0, true/false, yes/no, on/off (any case); unset or empty is
     `default`, anything else is one warning and `default` (`unreadable` instead where given:
     a security setting fails closed)."""
-    raw = _raw(name)
+    label, raw, _ = given(name)
     value = raw.strip().lower()
     if not value:
         return default
@@ -174,7 +317,7 @@ def flag(name: str, default: bool = False, unreadable: bool | None = None) -> bo
         return value in _TRUE
     used = default if unreadable is None else unreadable
     what = f"using the default ({'on' if used else 'off'})" if used == default else f"treated as {'on' if used else 'off'}"
-    warn(name, raw, f"is not one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}; {what}")
+    warn(label, raw, f"is not one of {'/'.join(_TRUE)} or {'/'.join(_FALSE)}; {what}")
     return used
 
 
@@ -186,19 +329,19 @@ def _bounded(
 ) -> _Number:
     """Setting `name` read by `read`; `default` when unset or unusable (one warning), `high`
     when larger (one warning). `low` is the smallest allowed value (excluded when `above`)."""
-    raw = _raw(name)
+    label, raw, _ = given(name)
     if not raw.strip():
         return default
     try:
         value = read(raw)
     except SettingError:
-        warn(name, raw, f"is not {what}; using the default {show(default)}")
+        warn(label, raw, f"is not {what}; using the default {show(default)}")
         return default
     if value < low or (above and value == low):
-        warn(name, raw, f"must be {'more than' if above else 'at least'} {show(low)}; using the default {show(default)}")
+        warn(label, raw, f"must be {'more than' if above else 'at least'} {show(low)}; using the default {show(default)}")
         return default
     if value > high:
-        warn(name, raw, f"is more than the largest allowed, {show(high)}; using {show(high)}")
+        warn(label, raw, f"is more than the largest allowed, {show(high)}; using {show(high)}")
         return high
     return type(default)(value)
 
@@ -221,9 +364,9 @@ def _duration_setting(name: str, default: float, high: float, *, zero: bool = Fa
 
 def cache_dirs() -> tuple[str, ...]:
     """The directories `PORTKERN_CACHE_DIR` lists, in order (empty: use the default one)."""
-    raw = _raw(CACHE_DIR)
-    if CACHE_DIR in os.environ and not raw.strip():
-        warn(CACHE_DIR, raw, "is empty; using the default cache directory")
+    label, raw, is_given = given(CACHE_DIR)
+    if is_given and not raw.strip():
+        warn(label, raw, "is empty; using the default cache directory")
     return tuple(part for part in raw.split(os.pathsep) if part.strip())
 
 
@@ -236,7 +379,8 @@ def cache_max_size() -> int:
     """`PORTKERN_CACHE_MAXSIZE` in bytes; below one entry it warns that nothing will be kept."""
     value = _size_setting(CACHE_MAXSIZE, DEFAULT_CACHE_MAXSIZE, LARGEST_CACHE_MAXSIZE)
     if value < SMALLEST_ENTRY:
-        warn(CACHE_MAXSIZE, _raw(CACHE_MAXSIZE), f"is smaller than any cache entry (none is below {SMALLEST_ENTRY} bytes): nothing will be kept in the cache")
+        shown = given(CACHE_MAXSIZE)
+        warn(shown.label, shown.raw, f"is smaller than any cache entry (none is below {SMALLEST_ENTRY} bytes): nothing will be kept in the cache")
     return value
 
 
@@ -253,13 +397,13 @@ def compile_memory() -> int:
 def compile_mode() -> str:
     """`PORTKERN_COMPILE`: `auto` (compile a kernel that has no native code here) or `never`
     (refuse instead); any case. Another value is one warning and `auto`."""
-    raw = _raw(COMPILE)
+    label, raw, _ = given(COMPILE)
     value = raw.strip().lower()
     if not value:
         return COMPILE_AUTO
     if value in (COMPILE_AUTO, COMPILE_NEVER):
         return value
-    warn(COMPILE, raw, f"is not {COMPILE_AUTO!r} or {COMPILE_NEVER!r}; using the default ({COMPILE_AUTO})")
+    warn(label, raw, f"is not {COMPILE_AUTO!r} or {COMPILE_NEVER!r}; using the default ({COMPILE_AUTO})")
     return COMPILE_AUTO
 
 

@@ -27,6 +27,13 @@ A signature is checked with the trusted key its key hint names, by model-signing
 verifier, over the bytes the caller holds (written to a private scratch directory first,
 so a file swapped on disk after reading cannot pass).
 
+A caller may give a `Memo` (the device's local store, `cache.verified`): a check that passed
+is remembered there as a `Verified` record (the content's sha256, the signature's sha256, the
+name it was signed under, the trusted key that verified it and the whole trusted key set),
+and the same check found there later passes without model-signing, which is then not even
+imported. Anything else (other bytes, another signature, a changed trusted key set) is
+verified again. Only a passed check is remembered, and only by this module.
+
 Everything read here (signatures, key files) is untrusted input: sizes are
 bounded and every failure is a `SignatureError`.
 """
@@ -43,7 +50,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 from portkern.base import settings
 from portkern.base.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError, brief
@@ -107,6 +114,34 @@ class Verdict:
 
 
 @dataclass(frozen=True)
+class Verified:
+    """What one passed signature check covers: a memo's record of it."""
+
+    #: sha256 of the signed bytes.
+    content: str
+    #: The file name the bytes were signed as (a value's key), "" for a lone file.
+    name: str
+    #: sha256 of the signature's bytes.
+    signature: str
+    #: Fingerprint of the trusted key that verified it.
+    key: str
+    #: sha256 over the fingerprints of every trusted key at the time (a changed set checks again).
+    trusted: str
+
+
+class Memo(Protocol):
+    """Where passed checks are remembered (a device's local store: `cache.verified`)."""
+
+    def verified(self, check: Verified) -> bool:
+        """Whether exactly this check passed here before."""
+        ...
+
+    def remember(self, check: Verified) -> None:
+        """Remember a check that passed (called only after model-signing's verifier passed it)."""
+        ...
+
+
+@dataclass(frozen=True)
 class Policy:
     """What this machine trusts, requires and signs with (`from_env()` reads it)."""
 
@@ -120,25 +155,26 @@ class Policy:
         """Whether this machine publishes native code to the remote tier."""
         return self.role == PUBLISHER
 
-    def check_bundle(self, path: str | Path, data: bytes | None) -> Verdict | None:
+    def check_bundle(self, path: str | Path, data: bytes | None, memo: Memo | None = None) -> Verdict | None:
         """The verdict on a bundle file (`data`: its bytes as read, None to hash the file), or
         the typed error that refuses it: a signature that does not verify with a trusted key,
         when trusted keys are configured; no signature, under `require`. None: nothing to check
-        (no trusted keys)."""
+        (no trusted keys). `memo`: where passed checks are remembered."""
         if not self.trusted:
             return None
-        verdict = verify_file(path, data, self.trusted)
+        verdict = verify_file(path, data, self.trusted, memo)
         if verdict.signed or self.required:
             why = f"{REQUIRE_ENV}=1" if not verdict.signed else f"its signature must verify with a key in {TRUSTED_KEYS_ENV}"
             require_trusted(verdict, f"{path}: refused ({why})")
         return verdict
 
-    def check_value(self, name: str, data: bytes, signature: bytes | None, what: str) -> TrustedKey | None:
+    def check_value(self, name: str, data: bytes, signature: bytes | None, what: str, memo: Memo | None = None) -> TrustedKey | None:
         """The trusted key that signed a remote value, or the typed error that refuses it: with
-        trusted keys configured (or under `require`) a value must be signed by one of them."""
+        trusted keys configured (or under `require`) a value must be signed by one of them.
+        `memo`: where passed checks are remembered."""
         if not self.trusted and not self.required:
             return None
-        verdict = verify_value(name, data, signature, self.trusted) if signature is not None else Verdict(False, reason="not signed")
+        verdict = verify_value(name, data, signature, self.trusted, memo) if signature is not None else Verdict(False, reason="not signed")
         return require_trusted(verdict, what)
 
 
@@ -313,10 +349,11 @@ def sign_value(name: str, data: bytes, key: str | Path) -> bytes:
         return (Path(where) / "sig").read_bytes()
 
 
-def verify_file(path: str | Path, data: bytes | None, trusted: tuple[TrustedKey, ...]) -> Verdict:
+def verify_file(path: str | Path, data: bytes | None, trusted: tuple[TrustedKey, ...], memo: Memo | None = None) -> Verdict:
     """Check `FILE.sig` over `data`, the file's bytes as the caller read them (so a file
     swapped after reading cannot pass), against the trusted keys. `data` None: the file
-    is larger than the caller read (a bundle's parameter section), and is hashed here."""
+    is larger than the caller read (a bundle's parameter section), and is hashed here.
+    `memo`: where passed checks are remembered."""
     sig = signature_path(path)
     if not sig.exists():
         return Verdict(False, reason=f"not signed (no {sig.name})")
@@ -325,13 +362,14 @@ def verify_file(path: str | Path, data: bytes | None, trusted: tuple[TrustedKey,
     except SignatureError as exc:
         return Verdict(True, reason=f"signed, but {exc}")
     if data is None:
-        return _verify(signature, trusted, lambda where: Path(path))
-    return verify_value(None, data, signature, trusted)
+        return _verify_path(Path(path), signature, trusted, memo)
+    return verify_value(None, data, signature, trusted, memo)
 
 
-def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple[TrustedKey, ...]) -> Verdict:
+def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple[TrustedKey, ...], memo: Memo | None = None) -> Verdict:
     """Check an OMS signature over `data` (as a file called `name`, or as a lone file when
-    `name` is None) against the trusted keys. Never raises for a bad signature."""
+    `name` is None) against the trusted keys. Never raises for a bad signature.
+    `memo`: where passed checks are remembered."""
 
     def model(where: Path) -> Path:
         if name is None:
@@ -341,13 +379,65 @@ def verify_value(name: str | None, data: bytes, signature: bytes, trusted: tuple
             (where / "model" / _checked_name(name)).write_bytes(data)
         return where / "model"
 
-    return _verify(signature, trusted, model)
+    def check_of(key: TrustedKey) -> Verified:
+        return _check(hashlib.sha256(data).hexdigest(), name or "", signature, key, trusted)
+
+    return _verify(signature, trusted, model, memo, check_of)
 
 
-def _verify(signature: bytes, trusted: tuple[TrustedKey, ...], model: Callable[[Path], Path]) -> Verdict:
+def _verify_path(path: Path, signature: bytes, trusted: tuple[TrustedKey, ...], memo: Memo | None) -> Verdict:
+    """Check a signature over a file model-signing reads itself. A passed check is remembered
+    only when the file kept its identity (device, inode, size, mtime, ctime) from before it
+    was hashed here until after model-signing read it, so the digest remembered is the one
+    model-signing checked."""
+    before: list[tuple[int, ...]] = []
+
+    def check_of(key: TrustedKey) -> Verified | None:
+        try:
+            with open(path, "rb") as f:
+                before.append(_identity(os.fstat(f.fileno())))
+                content = _sha256(f)
+        except OSError:
+            return None
+        return _check(content, "", signature, key, trusted)
+
+    def unchanged() -> bool:
+        try:
+            return bool(before) and _identity(os.stat(path)) == before[0]
+        except OSError:
+            return False
+
+    return _verify(signature, trusted, lambda where: path, memo, check_of, unchanged)
+
+
+def _identity(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _sha256(f: Any) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()
+
+
+def _check(content: str, name: str, signature: bytes, key: TrustedKey, trusted: tuple[TrustedKey, ...]) -> Verified:
+    keyset = hashlib.sha256("\n".join(sorted(k.fingerprint for k in trusted)).encode()).hexdigest()
+    return Verified(content, name, hashlib.sha256(signature).hexdigest(), key.fingerprint, keyset)
+
+
+def _verify(
+    signature: bytes,
+    trusted: tuple[TrustedKey, ...],
+    model: Callable[[Path], Path],
+    memo: Memo | None = None,
+    check_of: Callable[[TrustedKey], Verified | None] | None = None,
+    unchanged: Callable[[], bool] = lambda: True,
+) -> Verdict:
     """The verdict of model-signing's verifier on `signature` over the model `model(scratch)`
     puts in (or names outside) a scratch directory, with the trusted key the signature's key
-    hint names."""
+    hint names. With a `memo`, `check_of(key)` is this check's record: found there, it passes
+    without model-signing; passed by model-signing (and `unchanged()`), it is remembered there."""
     if len(signature) > MAX_SIGNATURE_BYTES:
         return Verdict(True, reason="signed, but the signature is larger than the limit")
     hint = _key_hint(signature)
@@ -356,6 +446,17 @@ def _verify(signature: bytes, trusted: tuple[TrustedKey, ...], model: Callable[[
     key = next((k for k in trusted if k.fingerprint == hint), None)
     if key is None:
         return Verdict(True, reason=f"signed by an untrusted key sha256:{hint[:16]} (not in {TRUSTED_KEYS_ENV})")
+    check = check_of(key) if memo is not None and check_of is not None else None
+    if memo is not None and check is not None and memo.verified(check):
+        return Verdict(True, key=key)
+    verdict = _model_signing_verdict(signature, key, model)
+    if memo is not None and check is not None and verdict.trusted and unchanged():
+        memo.remember(check)
+    return verdict
+
+
+def _model_signing_verdict(signature: bytes, key: TrustedKey, model: Callable[[Path], Path]) -> Verdict:
+    """model-signing's verifier on `signature` over `model(scratch)` with `key`."""
     model_signing = _model_signing()
     from cryptography.exceptions import InvalidSignature
 

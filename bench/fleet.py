@@ -1,6 +1,6 @@
 """First-result time from the fleet's remote tier vs a local warm hit vs cold, per example kernel.
 
-    python bench/fleet.py [--repeat 5] [--unsigned] [--json]
+    python bench/fleet.py [--repeat 5] [--unsigned] [--kernel NAME ...] [--json]
 
 Starts its own `redis-server` on a free loopback port. Each measurement runs in a
 fresh Python process and times portkern.load + bundle.kernel(name) + the first call
@@ -14,6 +14,9 @@ fresh Python process and times portkern.load + bundle.kernel(name) + the first c
     warm:   the local cache filled by the new host: a local hit.
 Entries are signed with a fresh EC P-256 key and signatures are required (as a fleet
 would run), unless --unsigned. Figures are medians of --repeat; ratios are against cold.
+`verifier` says which of new host, remote and warm imported model-signing (a signature
+check this device had not passed before); a warm hit never does, as its bundle's check is
+remembered (`portkern.cache.verified`).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from warm_start import measure
+from warm_start import CHILD
 
 from portkern.base import signing
 from portkern.examples import MANIFEST
@@ -41,6 +44,20 @@ from redis_server import RedisServer  # noqa: E402
 PRIME = "import sys, portkern; from portkern.jit import devices; b = portkern.load(sys.argv[1]); devices.resolve('cpu', b.store)"
 
 
+# warm_start's timed child, then whether it imported model-signing (after the timing).
+FLEET_CHILD = CHILD + "print(json.dumps({'model_signing': 'model_signing' in sys.modules}))\n"
+
+
+def measure(bundle: Path, name: str, cache_dir: Path) -> dict:
+    """warm_start's measurement of one kernel in a fresh process, and `model_signing`: whether
+    that process imported model-signing."""
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    done = subprocess.run([sys.executable, "-c", FLEET_CHILD, str(bundle), name], env=env, capture_output=True, text=True, check=True)
+    timed, imported = done.stdout.strip().splitlines()[-2:]
+    return {**json.loads(timed), **json.loads(imported)}
+
+
 def prime(bundle: Path, cache_dir: Path) -> None:
     env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
     subprocess.run([sys.executable, "-c", PRIME, str(bundle)], env=env, check=True, capture_output=True)
@@ -50,9 +67,15 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--unsigned", action="store_true", help="no signing key, signatures not required")
+    parser.add_argument("--kernel", action="append", help="only this example kernel (repeatable; default: all)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     names = [k.name for k in load_manifest(MANIFEST).kernels]
+    if args.kernel:
+        unknown = sorted(set(args.kernel) - set(names))
+        if unknown:
+            parser.error(f"no example kernel {', '.join(unknown)} (there are {', '.join(names)})")
+        names = [n for n in names if n in args.kernel]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -69,6 +92,7 @@ def main() -> int:
                 os.environ["PORTKERN_ROLE"] = "publisher"  # an unsigned fleet: hosts publish unsigned values
             for name in names:
                 cold, new_host, remote, warm = [], [], [], []
+                verifier: set[str] = set()
                 for i in range(args.repeat):
                     server.client().flushall()
                     primed = tmp / f"host-c-{name}-{i}"
@@ -79,13 +103,16 @@ def main() -> int:
                     fourth = measure(bundle, name, primed)
                     origins = (first["origin"], second["origin"], third["origin"], fourth["origin"])
                     assert origins == ("finalized", "remote", "cache", "remote"), origins
+                    verifier.update(label for label, run in (("new host", second), ("warm", third), ("remote", fourth)) if run["model_signing"])
+                    assert not third["model_signing"], "a warm hit imported model-signing: its bundle's signature check was not remembered"
                     cold.append(first["elapsed_s"])
                     new_host.append(second["elapsed_s"])
                     warm.append(third["elapsed_s"])
                     remote.append(fourth["elapsed_s"])
                 c, n, r, w = (statistics.median(x) for x in (cold, new_host, remote, warm))
                 rows.append({"kernel": name, "cold_s": c, "new_host_s": n, "remote_s": r, "warm_s": w,
-                             "remote_ratio": r / c, "warm_ratio": w / c})
+                             "remote_ratio": r / c, "warm_ratio": w / c,
+                             "verifier": [label for label in ("new host", "remote", "warm") if label in verifier]})
         finally:
             server.stop()
     if args.json:
@@ -94,10 +121,11 @@ def main() -> int:
         return 0
     print(f"first result (load + kernel() + first call), fresh process each, median of {args.repeat}; "
           f"entries {'unsigned' if args.unsigned else 'signed, signatures required'}")
-    print(f"{'kernel':<20} {'cold':>10} {'new host':>10} {'remote':>10} {'warm':>10} {'remote/cold':>12} {'warm/cold':>10}")
+    print(f"{'kernel':<20} {'cold':>10} {'new host':>10} {'remote':>10} {'warm':>10} {'remote/cold':>12} {'warm/cold':>10}  verifier")
     for r in rows:
         print(f"{r['kernel']:<20} {r['cold_s'] * 1e3:>8.1f}ms {r['new_host_s'] * 1e3:>8.1f}ms {r['remote_s'] * 1e3:>8.2f}ms "
-              f"{r['warm_s'] * 1e3:>8.2f}ms {100 * r['remote_ratio']:>11.2f}% {100 * r['warm_ratio']:>9.2f}%")
+              f"{r['warm_s'] * 1e3:>8.2f}ms {100 * r['remote_ratio']:>11.2f}% {100 * r['warm_ratio']:>9.2f}%  "
+              f"{', '.join(r['verifier']) or '-'}")
     return 0
 
 

@@ -12,7 +12,8 @@ clock, so each part is shown beside the whole:
     numpy     `import numpy`
     import    `import portkern` (source: `import iree.compiler, iree.runtime`)
     load      `portkern.load(path)`
-    kernel    the first `bundle.kernel(name)` (source: the compile)
+    kernel    the first `bundle.kernel(name)` (source: the compile, with the flags portkern
+              finalises with for this CPU)
     call      its first call
     further   each further kernel of the bundle, `bundle.kernel(name)` (warm only)
     exit      from the result (checked) until the process is gone
@@ -74,12 +75,12 @@ SOURCE_CHILD = textwrap.dedent(
     numpy_at = time.perf_counter()
     import iree.compiler, iree.runtime
     import_at = time.perf_counter()
-    source_path, name, (m, k, n) = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+    source_path, name, (m, k, n), flags = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
     rng = np.random.default_rng(0)
     args = [rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32),
             rng.standard_normal(n, dtype=np.float32)]
     start = time.perf_counter()
-    vmfb = iree.compiler.compile_file(source_path, target_backends=["llvm-cpu"], extra_args=["--iree-llvmcpu-target-cpu=host"])
+    vmfb = iree.compiler.compile_file(source_path, extra_args=flags)
     kernel_at = time.perf_counter()
     module = iree.runtime.load_vm_flatbuffer(vmfb, driver="local-task")
     out = np.asarray(module[name](*args))
@@ -123,7 +124,16 @@ def portkern_process(bundle: Path, names: list[str], shapes: dict, cache: Path) 
 
 
 def source_process(source: Path, name: str, shape) -> dict:
-    return run([SOURCE_CHILD, str(source), name, json.dumps(list(shape))], dict(os.environ))
+    """A process that compiles `source` with the flags portkern finalises with for this CPU (and the
+    front-end flags of a bundle's stage) and runs it."""
+    return run([SOURCE_CHILD, str(source), name, json.dumps(list(shape)), json.dumps(source_flags())], dict(os.environ))
+
+
+def source_flags() -> list[str]:
+    from portkern.jit import cpu
+    from portkern.portable.lower import BUILD_FLAGS
+
+    return [*cpu.flags(cpu.host()), *BUILD_FLAGS]
 
 
 def median_row(reports: list[dict]) -> dict:

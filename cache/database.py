@@ -12,14 +12,17 @@ SQLite's `mode=ro` URI; where SQLite cannot share a database that way (a WAL dat
 read-only mount) with `immutable=1`: the file as last checkpointed, without locks. Every write
 to such a database raises `sqlite3.OperationalError`.
 
-A cache written by portkern before this layout (diskcache's `Cache` table, values of 32 KiB
-and more in `ab/cd/<hex>.val` files) has its records moved into `portkern_records` the first
-time it is opened writable (`install`).
+Releases of portkern before this layout kept the same records in diskcache's `Cache` table
+(values of 32 KiB and more in `ab/cd/<hex>.val` files, text as UTF-8) in the same `cache.db`,
+and such a release may still be running beside this one, sharing the directory (its
+`diskcache.Cache` creates the table again whenever it opens the directory). So that table is
+never moved or dropped: while it exists (`legacy`), reads fall through to it (`get`, `names`,
+`count`), and deletes and `clear` remove a record from both tables (a value file once the
+transaction that removed its row has committed). New records go to `portkern_records` only.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import sqlite3
 import threading
@@ -37,10 +40,9 @@ WAL_KEPT = 64 << 20
 #: Tried in order for a read-only directory.
 _READ_ONLY_MODES = ("mode=ro", "mode=ro&immutable=1")
 _RECORDS = "CREATE TABLE IF NOT EXISTS portkern_records (name TEXT PRIMARY KEY, value NOT NULL)"
-#: diskcache's value modes: values kept in files as bytes or as UTF-8 text.
+#: diskcache's table, and its value mode of text kept in a file (as UTF-8).
+LEGACY = "Cache"
 _DISKCACHE_TEXT = 3
-
-log = logging.getLogger(__name__)
 
 Value = bytes | str
 
@@ -57,6 +59,10 @@ class _Local(threading.local):
     con: sqlite3.Connection | None = None
     pid: int = 0
     depth: int = 0
+    #: Value files of diskcache rows deleted in the open transaction: removed once it commits.
+    doomed: list[Path] | None = None
+    #: Whether a `get` since the last `took_legacy` was answered from diskcache's table.
+    legacy_read: bool = False
 
 
 class Database:
@@ -138,7 +144,7 @@ class Database:
                 local.depth -= 1
             return
         con.execute("BEGIN IMMEDIATE")
-        local.depth = 1
+        local.depth, local.doomed = 1, []
         try:
             yield con
             con.execute("COMMIT")
@@ -147,72 +153,122 @@ class Database:
                 with suppress(sqlite3.Error):
                     con.execute("ROLLBACK")
             raise
+        else:
+            for path in local.doomed:
+                with suppress(OSError):
+                    path.unlink()
         finally:
-            local.depth = 0
+            local.depth, local.doomed = 0, None
 
     # --- records ------------------------------------------------------------
 
     def get(self, name: str) -> Value | None:
-        """A record's value (bytes or text as stored), or None."""
+        """A record's value (bytes or text as stored), or None; from diskcache's table when this
+        layout has none of that name and an older release keeps records there."""
         row = self.con.execute("SELECT value FROM portkern_records WHERE name = ?", (name,)).fetchone()
-        value: Value | None = None if row is None else row[0]
-        return value
+        if row is not None:
+            value: Value = row[0]
+            return value
+        if not self.legacy():
+            return None
+        found = self._legacy_get(name)
+        if found is not None:
+            self._local.legacy_read = True
+        return found
 
     def set(self, name: str, value: Value) -> None:
         self.con.execute("INSERT OR REPLACE INTO portkern_records VALUES (?, ?)", (name, value))
 
     def delete(self, name: str) -> bool:
-        return self.con.execute("DELETE FROM portkern_records WHERE name = ?", (name,)).rowcount > 0
+        found = self.con.execute("DELETE FROM portkern_records WHERE name = ?", (name,)).rowcount > 0
+        if self.legacy():
+            found = self._legacy_delete(name) or found
+        return found
 
     def names(self, prefix: str = "") -> list[str]:
-        """The names that start with `prefix`, in order."""
-        return [name for (name,) in self.con.execute(*self._prefixed("name", prefix))]
+        """The names that start with `prefix`, in order (of both layouts)."""
+        found = [name for (name,) in self.con.execute(*self._prefixed("name", "portkern_records", "name", prefix))]
+        if self.legacy():
+            found = sorted({*found, *(name for (name,) in self.con.execute(*self._prefixed("key", LEGACY, "key", prefix))
+                                      if isinstance(name, str))})
+        return found
 
     def count(self, prefix: str = "") -> int:
-        (found,) = self.con.execute(*self._prefixed("count(*)", prefix)).fetchone()
+        if self.legacy():
+            return len(self.names(prefix))
+        (found,) = self.con.execute(*self._prefixed("count(*)", "portkern_records", "name", prefix)).fetchone()
         return int(found)
 
     @staticmethod
-    def _prefixed(what: str, prefix: str) -> tuple[str, tuple[str, ...]]:
+    def _prefixed(what: str, table: str, column: str, prefix: str) -> tuple[str, tuple[str, ...]]:
+        # diskcache rows of this layout's kinds: str keys, values as bytes or text (in a file or
+        # not); the pre-index release's hit counters (`s/hits`, integers) are none of them.
+        raw = " AND raw = 1 AND (filename IS NOT NULL OR typeof(value) IN ('text', 'blob'))" if table == LEGACY else ""
         if not prefix:
-            return f"SELECT {what} FROM portkern_records ORDER BY name", ()
+            return f"SELECT {what} FROM {table} WHERE typeof({column}) = 'text'{raw} ORDER BY {column}", ()
         upper = prefix[:-1] + chr(ord(prefix[-1]) + 1)
-        return f"SELECT {what} FROM portkern_records WHERE name >= ? AND name < ? ORDER BY name", (prefix, upper)
+        return f"SELECT {what} FROM {table} WHERE {column} >= ? AND {column} < ?{raw} ORDER BY {column}", (prefix, upper)
 
     def clear(self) -> None:
         self.con.execute("DELETE FROM portkern_records")
+        if self.legacy():
+            self.con.execute(f"DELETE FROM {LEGACY}")  # its value files go with the directory's other files
+
+    # --- the layout of older releases ------------------------------------------
+
+    def legacy(self) -> bool:
+        """Whether diskcache's table is in the database (an older release wrote, or still writes, here)."""
+        return self.con.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (LEGACY,)).fetchone() is not None
+
+    def took_legacy(self) -> bool:
+        """Whether a `get` of this thread since the last call was answered from diskcache's table."""
+        found, self._local.legacy_read = self._local.legacy_read, False
+        return found
+
+    def _legacy_get(self, name: str) -> Value | None:
+        row = self.con.execute(f"SELECT filename, mode, value FROM {LEGACY} WHERE key = ? AND raw = 1", (name,)).fetchone()
+        if row is None:
+            return None
+        filename, mode, value = row
+        if filename is not None:
+            try:
+                value = (self.directory / filename).read_bytes()
+            except OSError:
+                return None  # removed meanwhile by its writer, or lost: the entry reads as damaged
+            if mode == _DISKCACHE_TEXT:
+                with suppress(UnicodeDecodeError):
+                    value = value.decode()
+        return value if isinstance(value, (bytes, str)) else None
+
+    def _legacy_delete(self, name: str) -> bool:
+        files = [self.directory / f for (f,) in self.con.execute(
+            f"SELECT filename FROM {LEGACY} WHERE key = ? AND raw = 1 AND filename IS NOT NULL", (name,))]
+        found = self.con.execute(f"DELETE FROM {LEGACY} WHERE key = ? AND raw = 1", (name,)).rowcount > 0
+        doomed = self._local.doomed
+        if doomed is not None:
+            doomed += files
+        else:
+            for path in files:
+                with suppress(OSError):
+                    path.unlink()
+        return found
+
+    def legacy_folders(self) -> frozenset[str]:
+        """The top-level folders of the directory that hold diskcache's value files (none
+        without its table): part of the cache while an older release may write there."""
+        if not self.legacy():
+            return frozenset()
+        return frozenset(name for name in os.listdir(self.directory) if len(name) == 2 and all(c in "0123456789abcdef" for c in name))
 
     # --- layout -------------------------------------------------------------
 
     def installed(self) -> bool:
-        """Whether the records table is there and nothing is left to move into it (a read, no lock)."""
-        tables = {name for (name,) in self.con.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table' AND name IN ('portkern_records', 'Cache')")}
-        return tables == {"portkern_records"}
+        """Whether the records table is there (a read, no lock)."""
+        return self.con.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'portkern_records'").fetchone() is not None
 
-    def install(self) -> list[Path]:
-        """Create the records table (inside the caller's transaction), moving in the records of a
-        cache written with diskcache; the folders of its value files, to remove once the transaction
-        is committed."""
-        con = self.con
-        con.execute(_RECORDS)
-        if con.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'Cache'").fetchone() is None:
-            return []
-        moved, folders = 0, set()
-        for name, filename, mode, value in con.execute("SELECT key, filename, mode, value FROM Cache WHERE raw = 1").fetchall():
-            if filename is not None:
-                folders.add(self.directory / Path(filename).parts[0])
-                try:
-                    value = (self.directory / filename).read_bytes()
-                except OSError:
-                    continue  # a value file lost before: the entry reads as damaged and is removed
-                if mode == _DISKCACHE_TEXT:
-                    with suppress(UnicodeDecodeError):
-                        value = value.decode()
-            if isinstance(name, str) and isinstance(value, (bytes, str)):
-                self.set(name, value)
-                moved += 1
-        con.execute("DROP TABLE Cache")
-        con.execute("DROP TABLE IF EXISTS Settings")
-        log.info("portkern cache at %s: %d records moved from the diskcache layout", self.directory, moved)
-        return sorted(folders)
+    def install(self) -> None:
+        """Create the records table (inside the caller's transaction). The records an older
+        release keeps in diskcache's table stay where they are and are read from there."""
+        self.con.execute(_RECORDS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -50,8 +51,17 @@ class DeviceFingerprint:
 
     def digest(self) -> str:
         """A stable hash of everything in the fingerprint (hex)."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return hashlib.sha256(canonical.encode()).hexdigest()
+        try:
+            return _digest(self)
+        except TypeError:  # an unhashable property value: not memoised
+            return _digest.__wrapped__(self)
 
     def __str__(self) -> str:
         return self.label
+
+
+@functools.lru_cache(maxsize=256)
+def _digest(fingerprint: DeviceFingerprint) -> str:
+    """`DeviceFingerprint.digest` (equal fingerprints have equal digests; every cache key holds one)."""
+    canonical = json.dumps(fingerprint.to_dict(), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()

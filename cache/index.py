@@ -90,14 +90,18 @@ class Filter:
 
 
 def installed(con: sqlite3.Connection) -> bool:
-    """Whether this database has the index tables at the current schema (a read, no lock)."""
+    """Whether this database has the index tables at this schema or a later one (a read, no lock).
+
+    A later release of this layout (`cache.config.LAYOUT`) may add tables or columns beside
+    these but keeps what they hold and mean; one that cannot moves to a new layout directory.
+    So an index a later release wrote is used as it is, never installed again or marked back."""
     try:
         row = con.execute("SELECT value FROM portkern_meta WHERE name = 'schema'").fetchone()
     except sqlite3.OperationalError as exc:  # "no such table" is the only expected one
         if "no such table" in str(exc):
             return False
         raise
-    return row is not None and row[0] == SCHEMA
+    return row is not None and str(row[0]).isdigit() and int(row[0]) >= int(SCHEMA)
 
 
 def install(con: sqlite3.Connection, rows: Iterable[Row]) -> None:
@@ -169,13 +173,17 @@ def total_bytes(con: sqlite3.Connection) -> int:
     return int(con.execute("SELECT coalesce(sum(bytes), 0) FROM portkern_totals").fetchone()[0])
 
 
-#: The counters: local lookups that hit and missed, and lookups of native code in the remote tier.
-COUNTERS = ("hits", "misses", "remote_hits", "remote_misses")
+#: The counters of `cache stats`: local lookups that hit and missed, and lookups of native code in
+#: the remote tier (`remote_errors`: those that got no answer from Redis). Others (`cache.metrics`)
+#: share the table.
+COUNTERS = ("hits", "misses", "remote_hits", "remote_misses", "remote_errors")
 
 
-def counters(con: sqlite3.Connection) -> dict[str, int]:
-    found = dict(con.execute("SELECT name, value FROM portkern_counters").fetchall())
-    return {name: int(found.get(name, 0)) for name in COUNTERS}
+def counters(con: sqlite3.Connection, every: bool = False) -> dict[str, int]:
+    """The `COUNTERS` (0 when never counted); with `every`, every other counter stored too."""
+    found = {name: int(value) for name, value in con.execute("SELECT name, value FROM portkern_counters").fetchall()}
+    named = {name: found.get(name, 0) for name in COUNTERS}
+    return {**named, **found} if every else named
 
 
 def add_counts(con: sqlite3.Connection, **deltas: int) -> None:

@@ -14,7 +14,10 @@ shapes, dtypes), the device fingerprint and the compiler version: two bundles
 with the same dispatch on the same device share one tuning result. The problem
 keys themselves (a dispatch's, a kernel's selection, its bucket index, an OpenCL
 kernel's point space) and the probe key are formed here too: no other module
-writes a key.
+writes a key. A kernel's selection is keyed by its content digest and, for a
+kernel with a launch description (OpenCL C), by that description and every
+stage it was built into (`opencl_space`): bundles built from one `.cl` source with
+different parameter spaces (or none) keep separate selections.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from portkern.cache.device import DeviceFingerprint
+
+if TYPE_CHECKING:
+    from portkern.base.signing import Verified
 
 KEY_VERSION = 1
 
@@ -75,10 +81,11 @@ def dispatch_problem(description: str, driver: str, threads: int) -> str:
     return f"driver={driver} threads={threads} | {description}"
 
 
-def selection_problem(kernel: str) -> str:
-    """The problem "which config for this whole kernel" (`kernel`: its `kernel_digest`); its
+def selection_problem(kernel: str, space: str | None = None) -> str:
+    """The problem "which config for this whole kernel" (`kernel`: its `kernel_digest`;
+    `space`: the `opencl_space` of a kernel with a launch description, else None); its
     record is the kernel's stored selection."""
-    return f"kernel:{kernel}"
+    return f"kernel:{kernel}" if space is None else f"kernel:{kernel} space:{space}"
 
 
 def index_problem(selection: str) -> str:
@@ -87,11 +94,17 @@ def index_problem(selection: str) -> str:
     return selection + " buckets"
 
 
+def opencl_space(launch: Any, stage_blobs: Sequence[str]) -> str:
+    """Digest of an OpenCL kernel as built: its launch description (`launch`: the record's,
+    as JSON data: arguments, sizes, parameter space and its points) and every stage."""
+    return hashlib.sha256(json.dumps([launch, list(stage_blobs)], sort_keys=True).encode()).hexdigest()
+
+
 def opencl_problem(kind: str, entry: str, launch: Any, stage_blobs: Sequence[str], points: int, at: str) -> str:
     """The problem key of an OpenCL kernel's parameter space: the kernel with its launch
     description (`launch`: the record's, as JSON data) and stages, the number of valid points,
     and the shapes it is tuned at (`at`, "" for static shapes)."""
-    built = hashlib.sha256(json.dumps([launch, list(stage_blobs)], sort_keys=True).encode()).hexdigest()
+    built = opencl_space(launch, stage_blobs)
     return f"opencl:{kernel_digest(kind, entry, built)} points={points} at {at or 'static shapes'}"
 
 
@@ -108,6 +121,13 @@ def probe_key(parts: Sequence[str], compiler_version: str, compiler_revision: st
 def validated_key(payload_digest: str, schema_digest: str) -> str:
     """Key of the memo "a payload with this digest passed this schema"."""
     return _hash({"validated": payload_digest, "schema": schema_digest})
+
+
+def signature_key(check: Verified) -> str:
+    """Key of the memo "this signature over these bytes passed model-signing's verifier with
+    this trusted key, under this trusted key set" (`signing.Verified`)."""
+    return _hash({"signature": check.signature, "content": check.content, "name": check.name,
+                  "key": check.key, "trusted": check.trusted})
 
 
 def parameters_key(path: str, device: int, inode: int, size: int, mtime_ns: int, ctime_ns: int, root: str) -> str:

@@ -64,6 +64,9 @@ LEASE_S = 10.0
 DEFAULT_LOCK_S = settings.DEFAULT_REMOTE_LOCK_S
 #: What became of a value offered to the remote tier (`RemoteCache.offer`), besides a reason it was not.
 PUBLISHED, PRESENT = "published", "present"
+#: What a lookup found (`Lookup.outcome`): a value that passed the checks, no value (or one dropped
+#: earlier), a value refused now (it failed a check), or no answer from Redis (down, slow, backing off).
+HIT, MISS, REFUSED, UNREACHED = "hit", "miss", "refused", "unreached"
 
 
 log = logging.getLogger(__name__)
@@ -97,6 +100,15 @@ class Fetched:
     meta: dict[str, Any]
     #: The trusted key that signed it (None when signatures are not required and it had none).
     signer: signing.TrustedKey | None
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """What one lookup in the remote tier found: `outcome` (`HIT`, `MISS`, `REFUSED`, `UNREACHED`)
+    and, on a hit, the value."""
+
+    outcome: str
+    fetched: Fetched | None = None
 
 
 def config_from_env() -> RemoteConfig | None:
@@ -174,6 +186,10 @@ class RemoteCache:
         """Native code stored under a cache key, checked; None on a miss or a bad value."""
         return self._get(NATIVE, key)
 
+    def lookup_native(self, key: str) -> Lookup:
+        """`get_native`, saying what the lookup found (a miss apart from a refused value or no answer)."""
+        return self._lookup(NATIVE, key)
+
     def put_native(self, key: str, data: bytes, meta: dict[str, Any]) -> bool:
         """Publish native code (signed when this host has a signing key); False if not written
         (always on a reader)."""
@@ -215,6 +231,9 @@ class RemoteCache:
         return self._put(TUNING, key, json.dumps(record, sort_keys=True).encode(), {})
 
     def _get(self, kind: str, key: str) -> Fetched | None:
+        return self._lookup(kind, key).fetched
+
+    def _lookup(self, kind: str, key: str) -> Lookup:
         name = self.name(kind, key)
 
         def read(client: redis.Redis) -> bytes | None:
@@ -225,16 +244,19 @@ class RemoteCache:
                 return b""  # refused unread
             return _bytes(client.get(name))
 
-        raw = self._call(read, None)
-        if raw is None or self._bad.get(name) == hashlib.sha256(raw).hexdigest():
-            return None
+        failed = object()
+        raw = self._call(read, failed)
+        if raw is failed:
+            return Lookup(UNREACHED)
+        if not isinstance(raw, bytes) or self._bad.get(name) == hashlib.sha256(raw).hexdigest():
+            return Lookup(MISS)
         try:
             fetched = self._check(kind, key, raw)
         except PortkernError as exc:
             self._drop(kind, key, raw, str(exc))
-            return None
+            return Lookup(REFUSED)
         self._served[name] = hashlib.sha256(raw).hexdigest()
-        return fetched
+        return Lookup(HIT, fetched)
 
     def reject_native(self, key: str, reason: str) -> None:
         """Drop the native code last served for `key` (it passed the checks here but does not

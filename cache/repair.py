@@ -1,7 +1,8 @@
 """What `verify` and `clear` do to the files of a cache directory, beside its database.
 
 A cache directory holds its database (`cache.db` and SQLite's `-wal` and `-shm`
-files), databases moved aside, build locks and prepared bundles; `verify` removes
+files), databases moved aside, build locks and prepared bundles, and, where an older
+release shares it, that release's value files (`ab/cd/<hex>.val`); `verify` removes
 anything else and stale lock files, `clear` everything.
 """
 
@@ -12,6 +13,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,10 +44,11 @@ class Finding:
     fixed: bool = True
 
 
-def stray_files(directory: Path) -> list[str]:
-    """The names in the directory that are not part of the cache (what `verify` removes)."""
+def stray_files(directory: Path, keep: Collection[str] = ()) -> list[str]:
+    """The names in the directory that are not part of the cache (what `verify` removes); `keep`:
+    further names that are (the folders of an older release's value files)."""
     return [name for name in sorted(os.listdir(directory))
-            if name not in (*DATABASE_FILES, LOCKS, BUNDLES) and not name.startswith(DAMAGED)]
+            if name not in (*DATABASE_FILES, LOCKS, BUNDLES, *keep) and not name.startswith(DAMAGED)]
 
 
 def remove_path(path: Path) -> None:

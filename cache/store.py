@@ -7,6 +7,8 @@ Records in one directory's database (`cache.database`; `str` and `bytes` values 
 - `t/<key>`: a tuning result, JSON;
 - `p/<key>`: a memoised device probe, JSON;
 - `v/<key>`: the memo "a bundle with this digest passed this schema", JSON;
+- `s/<key>`: the memo "this signature over these bytes verified with this trusted key"
+  (`cache.verified`), JSON;
 - beside them, the entry index (`cache.index`): size, last use,
   hits, kernel, bundle and device of every artifact, per-device totals kept by
   triggers, and the hit/miss counters.
@@ -220,9 +222,9 @@ class Store:
                 if db.read_only:
                     raise sqlite3.OperationalError("written by an older portkern: open it writable once")
                 with db.transact():
-                    folders = [] if self._installed(db) else self._install(db)
-                for folder in folders:
-                    repair.remove_path(folder)
+                    if not self._installed(db):
+                        self._install(db)
+            self._adopt(db)
             now = repair.identity(layer.directory / repair.DATABASE)
             layer.identity = now if seen is None or now == seen else None  # None: replaced during the open
         except BaseException:
@@ -234,13 +236,38 @@ class Store:
     def _installed(db: Database) -> bool:
         return db.installed() and index.installed(db.con)
 
-    def _install(self, db: Database) -> list[Path]:
+    def _install(self, db: Database) -> None:
         """The records table and the entry index (inside the caller's transaction), for a new
-        database or one an older portkern wrote; folders to remove once committed."""
-        folders = db.install()
+        database or one an older portkern wrote."""
+        db.install()
         if not index.installed(db.con):
             index.install(db.con, self._unindexed(db))
-        return folders
+
+    def _adopt(self, db: Database) -> int:
+        """Index what an older release sharing this directory changed behind the index (nothing
+        to do, and nothing read, where none ever opened it: `Database.legacy`): its entries
+        (diskcache's layout, indexed by it or not) and entries of this layout whose index rows
+        it removed (it cannot see them) are indexed; index rows of entries it removed go. Whether
+        anything changed. Read-only databases are left as they are."""
+        if db.read_only or not db.legacy():
+            return 0
+        with db.transact():
+            con = db.con
+            meta = {name[2:] for name in db.names("m/")}
+            indexed = index.keys(con)
+            added = removed = 0
+            for key in sorted(meta - indexed):
+                found = self._load(db, key)
+                if isinstance(found, tuple):
+                    index.add(con, _index_row(found[1]))
+                    added += 1
+            for key in sorted(indexed - meta):
+                index.remove(con, key)
+                removed += 1
+        if added or removed:
+            log.info("portkern cache at %s: %d entries an older portkern wrote indexed, %d index rows of entries it "
+                     "removed dropped", db.directory, added, removed)
+        return added + removed
 
     def _read_instead(self, layer: _Layer, exc: BaseException) -> Database:
         """A directory that cannot be opened for writing (a full disk), opened to read its entries;
@@ -421,12 +448,16 @@ class Store:
         until a batch of counts is due)."""
 
         def read(db: Database) -> tuple[bytes, Entry] | None:
+            db.took_legacy()
             found = self._load(db, key)
             if isinstance(found, str):
                 found = self._load(db, key)  # a concurrent delete or replace reads right the second time
                 if isinstance(found, str):
                     self._corrupt(db, key, found)
                     found = None
+            if found is not None and db.took_legacy() and not db.read_only and index.lookup(db.con, key) is None:
+                with db.transact():  # an entry an older release wrote: counted from now on
+                    index.add(db.con, _index_row(found[1]))
             return found
 
         found = next((hit for hit in self._each("read", read, None) if hit is not None), None)
@@ -536,11 +567,21 @@ class Store:
     def entries(self, where: Filter = Filter(), limit: int | None = None) -> list[Entry]:
         """Metadata of the artifacts that match, most recently used first (at most `limit`)."""
         self.flush()
-        return _merged(self._each("scan", lambda db: self._entries(db, index.rows(db.con, where, limit)), []), limit)
+
+        def scan(db: Database) -> list[Entry]:
+            self._adopt(db)
+            return self._entries(db, index.rows(db.con, where, limit))
+
+        return _merged(self._each("scan", scan, []), limit)
 
     def count(self, where: Filter = Filter()) -> int:
         """How many artifacts match (from the totals when there is no filter)."""
-        return sum(self._each("scan", lambda db: index.count(db.con, where), 0))
+
+        def scan(db: Database) -> int:
+            self._adopt(db)
+            return index.count(db.con, where)
+
+        return sum(self._each("scan", scan, 0))
 
     def find(self, prefix: str) -> list[Entry]:
         """Entries whose key starts with `prefix` (at most two: enough to say it is ambiguous)."""
@@ -613,6 +654,7 @@ class Store:
     def _verify_structure(self, db: Database, findings: list[Finding]) -> None:
         """Records, index and files agree (under the write lock, so no write is half done)."""
         con = db.con
+        self._adopt(db)  # what an older release sharing the directory changed is no damage
         with db.transact():
             meta = {name[2:] for name in db.names("m/")}
             artifacts = {name[2:] for name in db.names("a/")}
@@ -634,7 +676,7 @@ class Store:
             for key in sorted(meta - artifacts):
                 db.delete(f"m/{key}")
                 findings.append(Finding("entry", key, "metadata without artifact"))
-            for name in repair.stray_files(db.directory):
+            for name in repair.stray_files(db.directory, keep=db.legacy_folders()):
                 repair.remove_path(db.directory / name)
                 findings.append(Finding("file", name, "not part of the cache"))
             if index.rebuild_totals(con):
@@ -657,7 +699,7 @@ class Store:
                         self._remove(db, row.key)
             if isinstance(found, str):
                 findings.append(Finding("entry", row.key, found + unfixed, _row_entry(row), fixed=fix))
-        for kind in ("t", "p", "v", "w"):
+        for kind in ("t", "p", "v", "w", "s"):
             for name in db.names(f"{kind}/"):
                 try:
                     _decode_record(_text(db, name))
@@ -726,6 +768,7 @@ class Store:
         self.flush()
 
         def read(db: Database) -> tuple[dict[str, dict[str, int]], dict[str, int], int]:
+            self._adopt(db)
             con = db.con
             return index.totals(con), index.counters(con), db.count("t/")
 
@@ -786,22 +829,26 @@ class Store:
         except Exception:  # noqa: BLE001 - see above
             pass
 
-    def counters(self) -> dict[str, int]:
-        """Lookups that hit and missed, over all processes (this one's pending counts included)."""
+    def counters(self, every: bool = False) -> dict[str, int]:
+        """Lookups that hit and missed, over all processes (this one's pending counts included);
+        with `every`, every other counter too (`add_counts`)."""
         self.flush()
         totals = dict.fromkeys(index.COUNTERS, 0)
         unread: dict[str, int] = {}
-        for counted in self._each("read", lambda db: index.counters(db.con), unread):
+        for counted in self._each("read", lambda db: index.counters(db.con, every), unread):
             for name, value in counted.items():
                 totals[name] = totals.get(name, 0) + value
         return totals
 
-    def count_remote(self, hit: bool) -> None:
-        """Count one lookup of native code in the remote tier that found it (or did not)."""
+    def add_counts(self, deltas: dict[str, int]) -> None:
+        """Add to named counters now, in one transaction (`cache.metrics` names them); dropped where
+        nothing is writable: they are statistics."""
+        if not any(deltas.values()):
+            return
 
         def write(db: Database) -> None:
             with db.transact():
-                index.add_counts(db.con, **{"remote_hits" if hit else "remote_misses": 1})
+                index.add_counts(db.con, **deltas)
 
         self._write("write", write, None)
 

@@ -25,6 +25,7 @@ from portkern import schemas
 from portkern.base import framing, signing
 from portkern.base.errors import CacheError
 from portkern.base.records import to_plain, wire
+from portkern.cache import metrics
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, tuning_key
 from portkern.cache.store import Entry, Store, matches_device
@@ -140,6 +141,7 @@ def import_(store: Store, path: str | Path, *, device: str | None = None, allow_
             continue
         if store.put_record("t", item["key"], record):
             report.records += 1
+    metrics.refused(store, metrics.IMPORT_ENTRY, len(report.rejected))
     return report
 
 

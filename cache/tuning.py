@@ -9,6 +9,9 @@ problem key (formed in `cache.keys`), there are three kinds:
   dispatch computes, reused by any bundle with the same dispatch on the same device;
 - per kernel (`keys.selection_problem`): the kernel config `bundle.kernel(name)`
   uses without searching (the kernel's selection), set aside when it does not build;
+  an OpenCL kernel's is keyed by its launch description and stages too
+  (`keys.opencl_space`), so bundles built from one `.cl` source with other parameter
+  spaces (or none) never read, nor set aside, each other's selection;
 - per kernel with dynamic dimensions (`keys.index_problem`): what tuning decided
   for each shape bucket.
 

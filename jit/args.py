@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence, cast
 
@@ -10,7 +11,9 @@ import numpy as np
 
 from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
 from portkern.jit.tensors import as_array, is_tensor
+from portkern.jit.vmcall import contiguous
 from portkern.portable.bundle import Signature
+from portkern.portable.contract import UncheckedShapesWarning
 from portkern.portable.dtypes import numpy_dtype
 
 if TYPE_CHECKING:  # OpenCL launch descriptions: loaded with the OpenCL kernels that have them
@@ -18,10 +21,12 @@ if TYPE_CHECKING:  # OpenCL launch descriptions: loaded with the OpenCL kernels 
     from portkern.portable.launch import Launch
 
 
-def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -> list[np.ndarray]:
+def check_arguments(kernel: str, signature: Signature, args: Sequence[object], unchecked: bool = False) -> list[np.ndarray]:
     """The arguments (NumPy arrays, or framework tensors with `__dlpack__`, viewed without a
     copy) as C-contiguous arrays, or a TypeError/ValueError naming the bad one (two for a
-    break of the shape contract); a masked array that masks anything is refused, since its mask would be lost."""
+    break of the shape contract); a masked array that masks anything is refused, since its mask would be lost.
+    `unchecked`: the kernel has dynamic shapes and nothing checks them (no contract, no launch
+    description); the first such call warns (`warn_unchecked`)."""
     expected = signature.inputs
     if len(args) != len(expected):
         raise ArgumentTypeError(
@@ -53,10 +58,29 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object]) -
             wanted = "x".join("?" if d is None else str(d) for d in spec.shape) or "scalar"
             got = "x".join(map(str, array.shape)) or "scalar"
             raise ArgumentShapeError(f"{kernel}() argument {index} must have shape {wanted}, got {got}")
-        arrays.append(array if array.flags.c_contiguous else np.array(array, order="C"))
+        arrays.append(contiguous(array))  # a copy where one is needed, aligned so the call uses it in place
     if signature.contract is not None:
         signature.contract.bind(kernel, [a.shape for a in arrays])
+    elif unchecked and id(signature) not in _WARNED:
+        warn_unchecked(kernel, signature)
     return arrays
+
+
+#: Signatures whose first unchecked call has been reported.
+_WARNED: set[int] = set()
+
+
+def warn_unchecked(kernel: str, signature: Signature) -> None:
+    """Report, once per signature, that a kernel with dynamic shapes runs without a shape contract."""
+    if id(signature) in _WARNED:
+        return
+    _WARNED.add(id(signature))
+    warnings.warn(
+        f"{kernel}() has no shape contract (built `unchecked: true`, or by an older portkern): its argument sizes "
+        f"are not checked against each other, and sizes the kernel does not expect may read past its arguments",
+        UncheckedShapesWarning,
+        stacklevel=3,
+    )
 
 
 def is_masked(value: object) -> bool:

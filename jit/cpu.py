@@ -13,7 +13,6 @@ import hashlib
 import json
 import platform
 import re
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -142,6 +141,8 @@ def _llvm_resolve(cpu: str) -> DeviceFingerprint:
     """Ask LLVM (inside IREE) in a child process: an unknown CPU name aborts LLVM."""
     if not re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", cpu):
         raise DeviceError(f"{cpu!r} is not a CPU name")
+    import subprocess  # (only here: a warm process never starts a probe)
+
     try:
         done = subprocess.run(
             [sys.executable, "-m", "portkern.jit.cpu", cpu],
@@ -350,6 +351,12 @@ def target(arch: str | None, store: Store | None = None) -> Target:
     """The target for this CPU (`arch` None or "host") or for a named LLVM CPU."""
     here = host(store)
     fingerprint = here if arch in (None, "", HOST) else resolve(arch, store)
+    return _target(fingerprint, here)
+
+
+@functools.lru_cache(maxsize=64)
+def _target(fingerprint: DeviceFingerprint, here: DeviceFingerprint) -> Target:
+    """`target` for code built for `fingerprint` on the host `here` (asked once per kernel)."""
     runnable = can_run(fingerprint, here)
     if runnable:
         reason = ""

@@ -15,12 +15,10 @@ from dataclasses import replace
 
 from portkern.base.errors import CompileError, FinalizeError
 from portkern.jit import codeobject
-from portkern.jit.gpu import fit
 from portkern.jit.target import Target
 from portkern.portable import source
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.compiler import Compiler
-from portkern.portable.lower import PORTABLE_PHASE
 from portkern.portable.producer import check_bytecode, check_release
 
 #: The phase at which IREE has chosen a lowering config per dispatch (tuning stamps here).
@@ -96,7 +94,11 @@ def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
             raise
         except CompileError as exc:
             raise FinalizeError(str(exc)) from None
-    if stage is not None:
+    if stage is not None and (target.executable_target or stage.placeholder is not None):
+        # a GPU target's attribute written in (or a family stage refused for a CPU); CPU stages need
+        # nothing, so a CPU worker never imports the GPU families and the lowering (`jit.gpu`)
+        from portkern.jit.gpu import fit
+
         fit(module, stage, target)
     return module
 
@@ -104,6 +106,8 @@ def fitted(data: bytes, stage: Stage | None, target: Target, name: str):
 def imported(data: bytes, stage: Stage, target: Target, name: str):
     """A source stage's module made MLIR text, parsed and lowered by this IREE release to the flow
     phase, where a bundle's own flow stage starts; what fails on the way names both releases."""
+    from portkern.portable.lower import PORTABLE_PHASE
+
     text = source.source_text(stage, data, name)
     compiler = compiler_for(target)
     try:

@@ -27,26 +27,29 @@ from portkern.base.errors import (
     KernelRuntimeError,
     PerfConfigError,
     PortkernError,
+    SignatureError,
     TuningError,
     one_line,
 )
+from portkern.cache import metrics
 from portkern.cache.keys import validated_key
 from portkern.cache.store import Store, default_store
 from portkern.cache.tuning import TuningDB
-from portkern.jit import background, buckets, devices
+from portkern.jit import devices
 from portkern.jit.args import check_arguments, exact_arguments, static_inputs
 from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Plan, Progress, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
 from portkern.jit.tensors import result_wrapper
 from portkern.jit.toolchain import Loaded, toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_head
-from portkern.portable.contract import arrange
+from portkern.portable.contract import UncheckedShapesWarning, arrange
 from portkern.portable.dtypes import as_declared
 from portkern.portable.producer import installed_compiler
 from portkern.portable.source import CompatibilityWarning, describe, foreign_release
 from portkern.portable.verify import check_kernels
 
 if TYPE_CHECKING:
+    from portkern.jit.background import Specialisation
     from portkern.jit.workers import Pool
 
 log = logging.getLogger(__name__)
@@ -94,7 +97,11 @@ def load(
 
     data, size = read_bundle_head(path)
     bundle = decode_file(path, data, validated, size)
-    check_signature(bundle, Path(path), data)
+    try:
+        check_signature(bundle, Path(path), data, store)
+    except SignatureError:
+        metrics.refused(store, metrics.BUNDLE_SIGNATURE)
+        raise
     check_kernels(bundle)
     foreign = foreign_release(bundle)
     if foreign:
@@ -107,15 +114,17 @@ def load(
     return LoadedBundle(bundle, Path(path), store, pool, tuning)
 
 
-def check_signature(bundle: Bundle, path: Path, data: bytes) -> None:
+def check_signature(bundle: Bundle, path: Path, data: bytes, store: Store) -> None:
     """Refuse a bundle whose signature does not verify with a trusted key (when trusted keys
     are configured), and an unsigned one under `PORTKERN_REQUIRE_SIGNATURE`, whether it
-    carries prebuilt native code or only code to compile here; `data`: its bytes as read."""
+    carries prebuilt native code or only code to compile here; `data`: its bytes as read.
+    A check that passed on this device before (remembered in `store`) needs no model-signing."""
     if not (settings.trusted_keys_file() or settings.require_signature() or settings.role()):
         return  # no trusted key, nothing required (the policy `signing.from_env` would give checks nothing)
     from portkern.base import signing
+    from portkern.cache.verified import VerifiedSignatures
 
-    signing.from_env().check_bundle(path, data if bundle.parameters is None else None)
+    signing.from_env().check_bundle(path, data if bundle.parameters is None else None, VerifiedSignatures(store))
 
 
 class LoadedBundle:
@@ -209,6 +218,13 @@ class LoadedBundle:
         dynamic default.
         """
         record = self.record(name)
+        if unchecked(record):
+            warnings.warn(
+                f"kernel {name!r} has no shape contract (built `unchecked: true`, or by an older portkern): "
+                f"its calls with dynamic shapes are not checked",
+                UncheckedShapesWarning,
+                stacklevel=2,
+            )
         target = devices.resolve(device, self.store)
         if not target.runnable:
             raise DeviceError(
@@ -219,7 +235,7 @@ class LoadedBundle:
         self.parameters_for(record)  # a bad parameter chunk fails here, before anything is compiled or cached
         if shapes is not None and tune in NO_SEARCH:
             raise TuningError(f"shapes= says what to tune {name!r} for; it needs a tuning strategy (tune='quick', ...)")
-        later = background.enabled()
+        later = settings.background()  # (`jit.background.enabled`; the module is loaded when a baseline serves)
         if later and shapes is None and tune not in NO_SEARCH:
             baseline = self._baseline(record, target)
             if baseline is not None:  # a cold device: tune in the background
@@ -284,6 +300,8 @@ class LoadedBundle:
         if contract is None or not contract.symbols or not toolchain_for(record).tunable(record):
             return {}
         stored = self.tuning_db(record).buckets(selection_problem(record, target), target.fingerprint)
+        from portkern.jit import buckets
+
         return buckets.load_table(self, record, target, stored)
 
     def prepare(
@@ -354,6 +372,12 @@ class LoadedBundle:
         return executable
 
 
+def unchecked(record: KernelRecord) -> bool:
+    """Whether nothing checks a kernel's dynamic argument shapes: no shape contract (built
+    `unchecked: true`, or by an older portkern) and no launch description."""
+    return record.signature.contract is None and not record.launch and any(None in t.shape for t in record.signature.inputs)
+
+
 class Kernel:
     """A kernel finalised for one device; call it with NumPy arrays."""
 
@@ -373,14 +397,17 @@ class Kernel:
         #: The bundle stage its code was compiled from (`source (built with IREE ...)` for another release's bundle).
         self.stage = stage
         #: The exact code being built while baseline code serves (None when there is none).
-        self.specialisation: background.Specialisation | None = None
+        self.specialisation: Specialisation | None = None
         self._static = static_inputs(record.signature)
+        #: No contract and no launch description check a call's dynamic shapes (`unchecked: true`).
+        self._unchecked = unchecked(record)
 
     def _specialise(self, pool, build) -> None:
         """Run `build()` -> (native, executable, tuning) on `pool`'s side in the background and
         switch to its code when it is ready (unless the kernel is gone by then)."""
         # The thread holds the kernel weakly: one abandoned at exit keeps no runtime object alive.
         kernel = weakref.ref(self)
+        from portkern.jit import background
 
         def install(built) -> None:
             owner = kernel()
@@ -447,10 +474,12 @@ class Kernel:
             args = tuple(arrange(self.name, self.signature.contract, len(self.signature.inputs), args, named))
         arrays = exact_arguments(self._static, args) if self._static is not None else None
         if arrays is None:
-            arrays = check_arguments(self.name, self.signature, args)
+            arrays = check_arguments(self.name, self.signature, args, self._unchecked)
         executable = self._code[1]
         contract = self.signature.contract
         if self.buckets and contract is not None:  # (a kernel has bucket code only with a shape contract)
+            from portkern.jit import buckets
+
             _, _, code = buckets.pick(contract, self.buckets, self.name, [a.shape for a in arrays])
             executable = code[1] if code is not None else executable
         results = [as_declared(r, spec.dtype) for r, spec in zip(executable(*arrays), self.signature.results)]
@@ -466,6 +495,8 @@ class Kernel:
         contract = self.signature.contract
         if contract is None or not contract.symbols:
             return {"bucket": "", "code": "static" if contract is not None else "unchecked", "origin": self.origin, "config": self.config}
+        from portkern.jit import buckets
+
         label, kind, code = buckets.pick(contract, self.buckets, self.name, [a.shape for a in arrays])
         if code is None:
             return {"bucket": label, "code": "dynamic", "origin": self.origin, "config": self.config}

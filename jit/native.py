@@ -16,22 +16,22 @@ import logging
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 from portkern.base import settings
 from portkern.base.errors import BundleError, CompileForbiddenError, DeviceError, FinalizeError, PortkernError
-from portkern.cache import keys
+from portkern.cache import keys, metrics
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
 from portkern.cache.store import Entry, Filter, Store
 from portkern.jit import cpu
-from portkern.jit.parameters import KernelParameters, MappedSection
 from portkern.jit.target import Target
 from portkern.jit.toolchain import OPENCL, toolchain_for
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.source import describe, fitted_phase
 
 if TYPE_CHECKING:  # the worker pool is loaded when something is compiled (a warm process never needs it)
+    from portkern.jit.parameters import KernelParameters, MappedSection
     from portkern.jit.workers import Job, Pool, Result, Source
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,8 @@ def compiler_id(record: KernelRecord) -> str:
 def selection_problem(record: KernelRecord, target: Target) -> str:
     """The tuning problem "which config for this whole kernel" (the tuner stores its answer)."""
     stage = record.stage(target.family)
-    return keys.selection_problem(kernel_digest(record.kind, record.entry, stage.blob))
+    space = keys.opencl_space(record.launch, [s.blob for s in record.stages]) if record.launch else None
+    return keys.selection_problem(kernel_digest(record.kind, record.entry, stage.blob), space)
 
 
 # --- worker jobs: every job that compiles kernel code or rewrites a stage is formed here --------
@@ -147,8 +148,7 @@ def specialised_stage(pool: Pool, record: KernelRecord, blob: bytes, values: dic
     return result.data["stage"]
 
 
-@dataclass(frozen=True)
-class Analysis:
+class Analysis(NamedTuple):
     """A kernel lowered to `executable-configurations` in a worker: the module as bytecode
     (fitted to its target) and its dispatches as plain data."""
 
@@ -160,18 +160,25 @@ class Analysis:
 class NativeCode:
     """Native code for one bundle's kernels, through the cache and the worker pool."""
 
-    def __init__(self, bundle: Bundle, store: Store, pool: Pool | None = None, path: Path | None = None) -> None:
+    def __init__(
+        self, bundle: Bundle, store: Store, pool: Pool | None = None, path: Path | None = None, section: MappedSection | None = None
+    ) -> None:
         self.bundle = bundle
         self.store = store
         self._pool = pool
         #: The file the bundle was read from (where its parameter section lies).
         self.path = path
-        self._section: MappedSection | None = None
+        #: Its parameter section, the file opened now: a file renamed over `path` later is not read.
+        self._section = section
+        if section is None and bundle.parameters is not None and path is not None:
+            from portkern.jit.parameters import MappedSection  # (loaded for bundles that have parameters)
+
+            self._section = MappedSection(bundle, path, store)
 
     def derived(self, bundle: Bundle) -> "NativeCode":
         """The service for a bundle derived from this one (a kernel specialised and added): the
-        same store, pool and bundle file."""
-        return NativeCode(bundle, self.store, self._pool, self.path)
+        same store, pool and bundle file (its parameter section as opened)."""
+        return NativeCode(bundle, self.store, self._pool, self.path, self._section)
 
     @property
     def pool(self) -> Pool:
@@ -189,6 +196,8 @@ class NativeCode:
         if self._section is None:
             if self.path is None:
                 raise BundleError(f"kernel {record.name!r} reads parameters, but bundle {self.bundle.name!r} was not read from a file")
+            from portkern.jit.parameters import MappedSection  # (loaded for kernels that have parameters)
+
             self._section = MappedSection(self.bundle, self.path, self.store)
         return self._section.for_kernel(record)
 
@@ -225,7 +234,10 @@ class NativeCode:
     ) -> list[Native | PortkernError]:
         """Native code for every plan, the cold ones compiled concurrently on up to `workers`
         workers; a failed kernel's place holds its typed error instead. `baselines` as for `obtain`."""
-        outcomes: list[Native | PortkernError | None] = [self.cached(plan) or self._from_remote(plan, count=True) for plan in plans]
+        # Code at hand (cached, the fleet's, prebuilt, or built for a CPU this host runs) needs no build lock.
+        outcomes: list[Native | PortkernError | None] = [
+            self.cached(plan) or self._from_remote(plan, count=True) or self._prebuilt(plan) or self._named_cpu(plan, baselines) for plan in plans
+        ]
         done = sum(o is not None for o in outcomes)
         if progress is not None and done:
             progress(done, len(plans), plans[0])
@@ -237,10 +249,8 @@ class NativeCode:
                 plan = plans[index]
                 locks.enter_context(self.store.lock(hex_key))
                 fleet_wide = locks.enter_context(remote.lock(hex_key, plan.name)) if remote is not None else False
-                outcome: Native | PortkernError | None = (
-                    self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None) or self._prebuilt(plan)
-                    or self._named_cpu(plan, baselines)
-                )
+                # (built meanwhile by another process, here or in the fleet)
+                outcome: Native | PortkernError | None = self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None)
                 if outcome is None:
                     try:
                         jobs[index] = (self._job(index, plan), plan)
@@ -357,14 +367,16 @@ class NativeCode:
         remote = self.store.remote
         if remote is None:
             return None
-        fetched = remote.get_native(plan.hex)
+        from portkern.cache.remote import REFUSED as REMOTE_REFUSED  # imported with the store's remote tier
+
+        lookup = remote.lookup_native(plan.hex)
+        outcome, fetched = lookup.outcome, lookup.fetched
         if fetched is not None:
             problem = code_problem(fetched.data, plan.target.fingerprint)
             if problem is not None:
                 remote.reject_native(plan.hex, f"not code for {plan.target.label}: {problem}")
-                fetched = None
-        if count:
-            self.store.count_remote(fetched is not None)
+                outcome, fetched = REMOTE_REFUSED, None
+        metrics.remote_lookup(self.store, outcome, counted=count)
         if fetched is None:
             return None
         native = Native(fetched.data, plan.hex, plan.config, "remote", fetched.meta.get("finalize_s", 0.0), plan.target.label)
@@ -428,6 +440,7 @@ class NativeCode:
 
     def _job(self, index: int, plan: Plan) -> Job:
         if settings.compile_mode() == settings.COMPILE_NEVER:
+            metrics.refused(self.store, metrics.COMPILE_FORBIDDEN)
             config = "" if plan.config == DEFAULT_CONFIG else f" (config {plan.config[:80]!r})"
             raise CompileForbiddenError(
                 f"{plan.name!r} has no native code for {plan.target.label}{config} here, and compiling is turned off "
@@ -441,6 +454,7 @@ class NativeCode:
         return compile_job(index, plan.name, plan.target, self.source(plan), plan.config)
 
     def _store(self, plan: Plan, result: Result) -> Native | PortkernError:
+        metrics.compiled(self.store, result.wall_s, result.ok)
         if not result.ok:
             return result.error_for(plan.name, plan.target)
         data = result.data.get("native")

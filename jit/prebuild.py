@@ -23,7 +23,8 @@ from portkern.portable.bundle import IREE_KINDS, Bundle, KernelRecord, NativeArt
 if TYPE_CHECKING:
     from portkern.jit.workers import Job, Pool
 
-#: Called for each kernel and target, in order, as its compile is handed to a worker (or found impossible).
+#: Called for each kernel and target as its compile is handed to a worker (largest kernels first),
+#: or after the others for one found impossible.
 Progress = Callable[[KernelRecord, Target], None]
 FINALIZED_KINDS = IREE_KINDS
 
@@ -59,18 +60,16 @@ def prebuild(bundle: Bundle, targets: Sequence[Target], progress: Progress | Non
             jobs[index] = _job(index, bundle, record, target)
         except PortkernError as exc:
             errors[index] = exc
-    announced = 0
+    announced: set[int] = set()
 
-    def announce(upto: int) -> None:
-        """`progress` for every pair before `upto` not yet announced, in order."""
-        nonlocal announced
-        for record, target in pairs[announced:upto]:
-            if progress:
-                progress(record, target)
-        announced = max(announced, upto)
+    def announce(index: int) -> None:
+        if progress is not None and index not in announced:
+            announced.add(index)
+            progress(*pairs[index])
 
-    results = (pool or shared_pool()).run(jobs.values(), on_start=lambda job, pid: announce(job.id + 1))
-    announce(len(pairs))
+    results = (pool or shared_pool()).run(jobs.values(), on_start=lambda job, pid: announce(job.id))
+    for index in range(len(pairs)):
+        announce(index)
     blobs = dict(bundle.blobs)
     slices = {record.name: {n.target: n for n in record.native} for record, _ in pairs}  # names are unique in a bundle
     failures = []

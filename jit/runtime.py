@@ -56,7 +56,7 @@ class _Process:
 
     def __init__(self, parent: "_Process | None" = None) -> None:
         self.lock = threading.RLock()
-        self.configs: dict[str, object] = {}
+        self.configs: dict[str, RuntimeConfig] = {}
         #: Runtime calls in flight, and whether the runtime still takes calls (not at exit).
         self.calls = _Calls()
         #: Drivers a parent process started before it forked this one.
@@ -115,9 +115,7 @@ def _after_fork_in_child() -> None:
         return  # the parent started no driver: nothing of the runtime to keep
     for kept in (parent, *parent.loaded):
         ctypes.pythonapi.Py_IncRef(ctypes.py_object(kept))
-    from iree.runtime import _binding
-
-    _binding.disable_leak_checker()  # or the kept objects are listed as leaks at exit
+    native_runtime().disable_leak_checker()  # or the kept objects are listed as leaks at exit
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -131,16 +129,43 @@ def _close_at_exit() -> None:
 _exit_hook = False
 
 
-def runtime_config(driver: str):
+def native_runtime():
+    """IREE's native runtime module: the classes `iree.runtime` re-exports (`VmInstance`,
+    `VmContext`, `VmModule`, `HalDevice`, ...), imported without the package's Python layer.
+
+    Importing `iree.runtime` runs its `__init__`, which imports every Python helper of the
+    package (benchmark tools over subprocess and tempfile, ml_dtypes, the function-call glue):
+    most of the runtime's import time, none of it on a CPU call's path (`jit/vmcall.py`). The
+    native module is reached as `iree.runtime._binding` reaches it, through
+    `iree._runtime.libs` (a private module of the IREE wheel: there is no public import of the
+    native module alone), which also honours `IREE_PY_RUNTIME`. Paths that need the Python
+    layer (device arrays, other arguments than NumPy arrays) import `iree.runtime` itself; both
+    name the same native classes."""
+    from iree._runtime.libs import _runtime
+
+    return _runtime
+
+
+class RuntimeConfig:
+    """One driver's device in this process, with a VM instance and the HAL module over them
+    (what `iree.runtime.Config` holds)."""
+
+    def __init__(self, driver: str) -> None:
+        rt = native_runtime()
+        self.driver = driver
+        self.device = rt.create_hal_driver(driver).create_default_device()
+        self.vm_instance = rt.VmInstance()
+        self.hal_module = rt.create_hal_module(self.vm_instance, self.device)
+
+
+def runtime_config(driver: str) -> RuntimeConfig:
     """One IREE runtime config (instance + device) per driver per process, on a driver of
     its own (IREE's shared driver cache would hand a forked child its parent's executor)."""
     global _exit_hook
     process = _process
     with process.lock:
         if driver not in process.configs:
-            import iree.runtime as rt
-            from iree.runtime import _binding
-
+            native_runtime()
             if not _exit_hook:  # registered after the runtime's import: it runs before anything the runtime registered
                 atexit.register(_close_at_exit)
                 _exit_hook = True
@@ -152,9 +177,8 @@ def runtime_config(driver: str):
                     "or fork before the first kernel is loaded on it"
                 )
             try:
-                process.configs[driver] = rt.Config(device=_binding.create_hal_driver(driver).create_default_device())
+                process.configs[driver] = RuntimeConfig(driver)
             except (RuntimeError, ValueError) as exc:
-                # rt.Config hides the driver's own message in __cause__.
                 cause = one_line(exc.__cause__ or exc)
                 raise DeviceError(f"IREE runtime driver {driver!r} is not usable here: {cause[:500]}") from None
         return process.configs[driver]
@@ -164,29 +188,41 @@ class _Loaded:
     """A vmfb loaded on one driver in one process (with its parameters, read from their mapping)."""
 
     def __init__(self, vmfb: bytes, entry: str, driver: str, parameters: "KernelParameters | None" = None) -> None:
-        import iree.runtime as rt
-
+        rt = native_runtime()
         self.process = _process
         _process.loaded.add(self)
-        config = runtime_config(driver)
+        self.config = config = runtime_config(driver)
+        self.entry = entry
         try:
-            self.context = rt.SystemContext(config=config)
+            modules = [config.hal_module]
             if parameters is not None:
-                self.context.add_vm_module(_parameters_module(self.context.instance, parameters))
-            module = rt.VmModule.copy_buffer(self.context.instance, vmfb)
-            self.context.add_vm_module(module)
-            self.function = self.context.modules[module.name][entry]
+                modules.append(_parameters_module(rt, config.vm_instance, parameters))
+            module = rt.VmModule.copy_buffer(config.vm_instance, vmfb)
+            modules.append(module)
+            self.vm_context = rt.VmContext(config.vm_instance, modules=modules)
+            self.vm_function = module.lookup_function(entry)
+            if self.vm_function is None:
+                raise KeyError(f"the module has no function {entry!r}")
         except (RuntimeError, ValueError, KeyError) as exc:
             raise KernelRuntimeError(f"cannot load native code for {entry!r}: {exc}") from None
+        self._invoker = None
         #: NumPy in, NumPy out in one runtime call (on drivers whose device memory is host memory).
-        self.call = VmCall(entry, self.context.vm_context, self.function.vm_function, config.device) if driver in LOCAL_DRIVERS else None
+        self.call = VmCall(entry, self.vm_context, self.vm_function, config.device) if driver in LOCAL_DRIVERS else None
+
+    @property
+    def function(self):
+        """The entry function with `iree.runtime`'s argument and result conversion (device
+        arrays, other array types); `iree.runtime` is imported at its first use."""
+        if self._invoker is None:
+            from iree.runtime import FunctionInvoker
+
+            self._invoker = FunctionInvoker(self.vm_context, self.config.device, self.vm_function)
+        return self._invoker
 
 
-def _parameters_module(instance, parameters: "KernelParameters"):
+def _parameters_module(rt, instance, parameters: "KernelParameters"):
     """IREE's io-parameters module serving a kernel's parameters from the mapped bundle file
     (one provider per scope; nothing is copied here)."""
-    import iree.runtime as rt
-
     handle = rt.FileHandle.wrap_memory(parameters.buffer, readable=True, writable=False)
     scopes = parameters.scopes()
     providers = []
@@ -206,12 +242,14 @@ class Executable:
         self.entry = entry
         self.driver = driver
         self.parameters = parameters
+        #: Entered around each call: BundleChangedError when a mapped parameter file changed in place.
+        self._unchanged = parameters.unchanged() if parameters is not None else contextlib.nullcontext()
         self._vmfb = vmfb
         self._loaded: dict[str, _Loaded] = {}
         #: Calls whose arguments total this many bytes or more run on the task executor.
         self.executor_min_bytes = settings.executor_min_bytes()
-        with _process.calls:
-            self._load(driver)
+        with _process.calls:  # loaded where most calls run: a CPU kernel's small calls run on the calling thread
+            self._load(INLINE.get(driver, driver))
 
     def _load(self, driver: str) -> _Loaded:
         """The vmfb loaded on `driver` in this process (loaded again after fork)."""
@@ -229,7 +267,7 @@ class Executable:
         import iree.runtime as rt
 
         with _process.calls:
-            device = self._load(self.driver).context.config.device
+            device = self._load(self.driver).config.device
             return [rt.asdevicearray(device, a) for a in arrays]
 
     def invoke(self, *arrays):
@@ -237,7 +275,7 @@ class Executable:
 
         A Ctrl-C during the call is raised as KeyboardInterrupt once the call returns.
         """
-        with _process.calls:
+        with _process.calls, self._unchanged:
             return self._invoke(self._load(self.driver), arrays)
 
     def _invoke(self, loaded: _Loaded, arrays):
@@ -259,7 +297,7 @@ class Executable:
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """Run on NumPy arrays (or device arrays from `upload`); the results as NumPy arrays."""
-        with _process.calls:
+        with _process.calls, self._unchanged:
             loaded = self._load(self.driver_for(arrays))
             if loaded.call is not None and all(type(array) is np.ndarray for array in arrays):
                 return loaded.call(arrays)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from portkern.base.errors import FinalizeError
 from portkern.jit.target import Target
+from portkern.portable import index_safety
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.producer import installed_compiler, installed_runtime
 from portkern.portable.source import readable_stage
@@ -56,13 +57,16 @@ class IreeToolchain:
     def stage(self, bundle: Bundle, record: KernelRecord, target: Target, config: str) -> tuple[Stage, tuple[str, ...]]:
         """The stage finalised for `target` (with kernel config `config`; the source stage for a bundle of
         another IREE release, or for a config with module options), and what besides it selects the native code."""
+        stage: Stage | None
         if config == DEFAULT or not self._options(config):
-            return readable_stage(record, target.family), target.identity
-        stage = record.source_stage()
+            stage = readable_stage(record, target.family)
+        else:
+            stage = record.source_stage()
         if stage is None:
             raise FinalizeError(f"kernel {record.name!r}: config {config[:200]!r} is built from the kernel's source stage, "
                                 "and its bundle has none (built with --no-source)")
-        return stage, target.identity
+        # code compiled from a source stage went through this portkern's index-safety rewrite
+        return stage, target.identity + ((index_safety.REWRITE,) if stage.is_source else ())
 
     @staticmethod
     def _options(config: str) -> tuple[str, ...]:

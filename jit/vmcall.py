@@ -5,7 +5,14 @@ copies each argument into a device buffer with the GIL released; of a 30 us call
 10 us went to that glue. Here the VM argument list is built directly. A large argument
 whose memory IREE may use as it is (64-byte aligned, IREE's buffer alignment contract, and
 writable) is wrapped without a copy; others are copied by IREE (which releases the GIL for
-the copy). The call then releases the GIL once more, for the invocation itself. Results are
+the copy). The copy cannot be avoided: the runtime would import unaligned memory, but the
+compiler marks every buffer binding of the code it generates `alignment(64)` and lets LLVM
+assume it (`memref.assume_alignment`), so such code on unaligned memory is undefined (aligned
+vector loads fault). Each unaligned argument thus costs one copy of itself for the length of
+the call, no more; NumPy's own large arrays are 16 bytes past a 64-byte boundary on glibc
+(malloc's header), so most of them pay it. An argument that must be copied anyway (not
+C-contiguous) is copied once, to aligned memory (`contiguous`), and then wrapped. The call
+then releases the GIL once more, for the invocation itself. Results are
 NumPy arrays over the host memory of the buffers the call returned (on a local driver,
 device memory is host memory), which every view of them keeps valid (`host_array`); a
 result that shares memory with an argument or an earlier result is copied.
@@ -30,7 +37,8 @@ class VmCall:
     """An entry function of a loaded module, callable on C-contiguous NumPy arrays."""
 
     def __init__(self, entry: str, vm_context, vm_function, device) -> None:
-        from iree.runtime import _binding
+        # IREE's native runtime module, without `iree.runtime`'s Python layer (`jit.runtime.native_runtime`).
+        from iree._runtime.libs import _runtime as _binding
 
         self.entry = entry
         self._context = vm_context
@@ -61,10 +69,8 @@ class VmCall:
         hal = self._hal
         element_type = self._element_types.get(array.dtype)
         if element_type is None:
-            from iree.runtime.array_interop import map_dtype_to_hal_element_type
-
             try:
-                element_type = self._element_types[array.dtype] = map_dtype_to_hal_element_type(array.dtype)
+                element_type = self._element_types[array.dtype] = _element_type(hal, array.dtype)
             except (KeyError, ValueError, TypeError) as exc:
                 raise KernelRuntimeError(f"{self.entry}: arrays of {array.dtype} cannot be passed to IREE ({exc})") from None
         if array.nbytes >= WRAP_BYTES and array.flags.writeable and not array.ctypes.data % ALIGNMENT:
@@ -85,6 +91,46 @@ class VmCall:
         if dtype is None:
             dtype = self._dtypes[int(kind)] = np.dtype(hal.HalElementType.map_to_dtype(kind))
         return host_array(view.map().asarray(view.shape, dtype))
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """An uninitialised C-contiguous array whose memory starts on an `ALIGNMENT` boundary (so
+    a kernel call uses it in place)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def contiguous(array: np.ndarray) -> np.ndarray:
+    """`array` itself when C-contiguous, else its one copy, C-contiguous and aligned: a large
+    argument a call must copy is copied once, not once here and again into IREE's memory."""
+    if array.flags.c_contiguous:
+        return array
+    if array.nbytes < WRAP_BYTES:
+        return np.array(array, order="C")
+    copy = aligned_empty(array.shape, array.dtype)
+    np.copyto(copy, array)
+    return copy
+
+
+#: NumPy dtype names -> HAL element type names, as `iree.runtime.array_interop` maps them.
+_ELEMENT_TYPES = {
+    "float16": "FLOAT_16", "float32": "FLOAT_32", "float64": "FLOAT_64", "bool": "BOOL_8",
+    "int8": "SINT_8", "int16": "SINT_16", "int32": "SINT_32", "int64": "SINT_64",
+    "uint8": "UINT_8", "uint16": "UINT_16", "uint32": "UINT_32", "uint64": "UINT_64",
+}
+
+
+def _element_type(hal, dtype: np.dtype):
+    """The HAL element type of a NumPy dtype (others than the plain ones: `iree.runtime`'s own mapping)."""
+    name = _ELEMENT_TYPES.get(dtype.name) if dtype.isnative else None
+    if name is not None:
+        return getattr(hal.HalElementType, name)
+    from iree.runtime.array_interop import map_dtype_to_hal_element_type
+
+    return map_dtype_to_hal_element_type(dtype)
 
 
 def host_array(array: np.ndarray) -> np.ndarray:

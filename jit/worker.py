@@ -211,8 +211,23 @@ def _build(state: _State, job: dict) -> dict:
 _KINDS = {"compile": _compile, "analyse": _analyse, "opencl": _opencl, "specialise": _specialise, "build": _build}
 
 
+#: Address space a job needs beyond what the worker holds when it starts: a bound that leaves
+#: less is out of memory before the job runs (run under it, the compiler dies wherever an
+#: allocation happens to fail, sometimes by a signal that names no cause).
+JOB_HEADROOM = 32 << 20
+
+
 def _bound_memory(limit: int) -> None:
-    """Hold the address space of this process to `limit` bytes (0: no bound) for the next job."""
+    """Hold the address space of this process to `limit` bytes (0: no bound) for the next job;
+    MemoryError where the bound leaves the job less than `JOB_HEADROOM`."""
+    if limit > 0:
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                held = int(f.read().split()[0]) * resource.getpagesize()
+        except (OSError, ValueError, IndexError):  # no procfs: the bound alone
+            held = 0
+        if held + JOB_HEADROOM > limit:
+            raise MemoryError(f"the worker already holds {held} bytes of address space")
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     soft = hard if limit <= 0 else (limit if hard == resource.RLIM_INFINITY else min(limit, hard))
     resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
@@ -268,7 +283,10 @@ def main() -> int:
     state = _State()
     write_frame(channel, {"ready": os.getpid()})
     while (job := read_frame(requests)) is not None:
-        write_frame(channel, run_job(state, job))
+        start = time.perf_counter()
+        result = run_job(state, job)
+        result["job_s"] = time.perf_counter() - start
+        write_frame(channel, result)
     return 0
 
 

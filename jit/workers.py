@@ -23,6 +23,7 @@ for no thread that may be running one.
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import signal
 import subprocess
@@ -43,6 +44,7 @@ from portkern.jit import handlers
 from portkern.jit.target import Target
 from portkern.jit.worker import read_frame, write_frame
 
+log = logging.getLogger(__name__)
 TIMEOUT_ENV = settings.COMPILE_TIMEOUT
 MEMORY_ENV = settings.COMPILE_MEMORY
 #: A worker is replaced after this many jobs (insurance against leaks in the compiler).
@@ -99,6 +101,17 @@ class Job:
     payload: dict
     #: Wall-time bound in seconds for this job (None: the one in force, `PORTKERN_COMPILE_TIMEOUT`).
     timeout: float | None = None
+
+    @property
+    def size(self) -> int:
+        """Bytes of kernel code the job reads (MLIR or SPIR-V): what `Pool.run` orders jobs by."""
+        source = self.payload.get("source")
+        if isinstance(source, dict):
+            return len(source.get("blob") or b"")
+        blobs = self.payload.get("blobs")
+        if isinstance(blobs, dict):
+            return sum(len(blob) for blob in blobs.values())
+        return len(self.payload.get("blob") or b"")
 
     @classmethod
     def compile(cls, id: int, name: str, target: Target, source: Source, config: str = "default") -> "Job":
@@ -159,6 +172,8 @@ class Result(Compiled):
     data: dict[str, Any] = field(default_factory=dict)
     #: From handing out the job to its result, seen by the parent.
     wall_s: float = 0.0
+    #: From the job's message read to its result ready, in the worker (the rest of `wall_s`: the messages).
+    job_s: float = 0.0
 
     def error_for(self, name: str, target: Target | None = None) -> PortkernError:
         """The typed error this failure stands for: the worker's own type, else `FinalizeError`
@@ -190,7 +205,8 @@ class _Worker:
         self.stdout: IO[bytes] = self.process.stdout
         self.ready = False
         self.job: Job | None = None
-        self.deadline = time.perf_counter() + START_TIMEOUT_S
+        self.spawned = time.perf_counter()
+        self.deadline = self.spawned + START_TIMEOUT_S
         self.started = 0.0
         self.timeout = 0.0
         self.memory = 0
@@ -289,6 +305,28 @@ class Pool:
             for worker in workers:
                 worker.stop()
 
+    def start(self, workers: int | None = None, wait_ready: bool = False) -> None:
+        """Start workers up to `workers` (default: the pool's size): a caller that knows it will
+        compile starts them while it does other work, and `run` hands them jobs once they are
+        ready. `wait_ready`: return once every worker has its compiler loaded (FinalizeError if
+        workers keep dying at start-up)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._workers, self._pid = [], os.getpid()
+            for _ in range(max(1, workers or self.size) - len(self._workers)):
+                if not self._spawn():
+                    break
+            while wait_ready and not self._stopping:
+                starting = [w for w in self._workers if not w.ready]
+                if not starting:
+                    break
+                readable = wait([w.stdout.fileno() for w in starting], timeout=max(0.0, min(w.deadline for w in starting) - time.perf_counter()))
+                for worker in starting:
+                    if worker.stdout.fileno() in readable:
+                        self._receive(worker, lambda worker, result: None)
+                    elif time.perf_counter() > worker.deadline:
+                        self._start_failed(worker, f"a worker did not start within {START_TIMEOUT_S:g} s")
+
     def stop_now(self) -> None:
         """Kill and reap the workers without waiting for the jobs in hand or for a thread running
         them (those jobs, and those not yet handed out, end as "stopped"), and start none until
@@ -332,8 +370,10 @@ class Pool:
         workers: int | None = None,
     ) -> dict[int, Result]:
         """Run every job on up to `workers` processes (default: the pool's size); results by
-        job id. Failed jobs have a status other than "ok"; this never raises for a job."""
-        todo = deque(jobs)
+        job id. Failed jobs have a status other than "ok"; this never raises for a job. The
+        largest jobs (`Job.size`) are handed out first, jobs of equal size in the order given,
+        so that a long compile does not start last while the other workers idle."""
+        todo = deque(sorted(jobs, key=lambda job: -job.size))
         if not todo:
             return {}
         if self._stopping:  # at exit: not even a wait for the lock of a run still ending
@@ -425,6 +465,7 @@ class Pool:
         elif "ready" in message and not worker.ready:
             worker.ready = True
             self._start_failures = 0
+            log.debug("worker %d ready %.3f s after its start", worker.pid, time.perf_counter() - worker.spawned)
         elif worker.job is not None and message.get("id") == worker.job.id:
             ok = bool(message.get("ok"))
             error_type = str(message.get("error_type") or "")
@@ -432,9 +473,17 @@ class Pool:
             error = str(message.get("error") or "")
             if status == "oom":
                 error, error_type = self._oom_message(worker), ""
-            times = {k: float(message.get(k) or 0.0) for k in ("setup_s", "stamp_s", "compile_s")}
+            times = {k: float(message.get(k) or 0.0) for k in ("setup_s", "stamp_s", "compile_s", "job_s")}
             data = {k: v for k, v in message.items() if k not in ("id", "ok", "error", "error_type", "retire", *times)}
-            finish(worker, Result(id=worker.job.id, status=status, error=error, error_type=error_type, data=data, **times))
+            job = worker.job
+            result = Result(id=job.id, status=status, error=error, error_type=error_type, data=data, **times)
+            finish(worker, result)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug(
+                    "%s job %d (%s) on worker %d: %s, %.3f s (in the worker %.3f s: setup %.3f, stamp %.3f, compile %.3f; "
+                    "messages %.3f s)", job.kind, job.id, job.name, worker.pid, status, result.wall_s, result.job_s,
+                    result.setup_s, result.stamp_s, result.compile_s, result.wall_s - result.job_s,
+                )
             if message.get("retire") or status == "oom":
                 self._replace(worker, kill=True)
         else:

@@ -47,16 +47,19 @@ from portkern.portable.producer import Producer
 MAGIC = b"\x89PKB\r\n\x1a\n"
 FORMAT_MAJOR = 1
 #: The newest minor version this portkern reads. It writes the oldest one that holds the bundle:
-#: 1.3 when a contract's argument names are free text (`ShapeContract.free_names`), else 1.2 when
+#: 1.4 when a contract has conditions or result expressions (`ShapeContract.has_expressions`),
+#: else 1.3 when a contract's argument names are free text (`ShapeContract.free_names`), else 1.2 when
 #: a kernel has a source stage (phase `start`), else 1.1 when there is a parameter section, else
 #: 1.0 (docs/bundle-format.md).
-FORMAT_MINOR = 3
+FORMAT_MINOR = 4
 #: The first minor version with a parameter section.
 PARAMETERS_MINOR = 1
 #: The first minor version with source stages.
 SOURCE_MINOR = 2
 #: The first minor version with free-text argument names (and their identifiers) in contracts.
 NAMES_MINOR = 3
+#: The first minor version with conditions (`requires`) and result expressions in contracts.
+EXPRESSIONS_MINOR = 4
 #: The phase of a source stage: the kernel as written, not lowered at all.
 SOURCE_PHASE = "start"
 #: Kernel kinds whose sources are lowered to MLIR stages for IREE (others: OpenCL C, SPIR-V).
@@ -249,6 +252,8 @@ class Bundle:
         """The oldest format version that holds this bundle (what `encode` writes)."""
         with_source = any(stage.is_source for record in self.kernels for stage in record.stages)
         with_parameters = self.parameters is not None or bool(self.parameter_data)
+        if any(record.signature.contract is not None and record.signature.contract.has_expressions for record in self.kernels):
+            return (FORMAT_MAJOR, EXPRESSIONS_MINOR)
         if any(record.signature.contract is not None and record.signature.contract.free_names for record in self.kernels):
             return (FORMAT_MAJOR, NAMES_MINOR)
         return (FORMAT_MAJOR, SOURCE_MINOR if with_source else PARAMETERS_MINOR if with_parameters else 0)
@@ -281,7 +286,8 @@ Check = Callable[[bytes, int], object]
 
 
 def write_bundle(bundle: Bundle, path: str | Path, check: Check | None = None) -> str:
-    """Write atomically (temp file + rename), after `check` (if given) has passed; return
+    """Write atomically (a temp file in the same directory, renamed over `path`: a process that
+    loaded the file there keeps reading that one), after `check` (if given) has passed; return
     the bundle digest. Parameters still to be written (`parameter_data`) are streamed
     into the file's parameter section, one piece at a time."""
     if not bundle.parameter_data:
@@ -404,6 +410,8 @@ def decode(data: bytes, validated: Callable[[str], bool] | None = None, file_siz
         raise MalformedBundleError(f"argument identifiers need format 1.{NAMES_MINOR}; the header says {version[0]}.{version[1]}")
     if version[1] < NAMES_MINOR and any(k.signature.contract is not None and k.signature.contract.free_names for k in kernels):
         raise MalformedBundleError(f"free-text argument names need format 1.{NAMES_MINOR}; the header says {version[0]}.{version[1]}")
+    if version[1] < EXPRESSIONS_MINOR and any(k.signature.contract is not None and k.signature.contract.has_expressions for k in kernels):
+        raise MalformedBundleError(f"contract conditions and result expressions need format 1.{EXPRESSIONS_MINOR}; the header says {version[0]}.{version[1]}")
     return Bundle(meta["name"], kernels, blobs, digest, version, section)
 
 

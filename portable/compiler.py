@@ -13,7 +13,8 @@ import io
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
 
-from portkern.base.errors import CompileError, brief
+from portkern.base.errors import CompileError, brief, one_line
+from portkern.portable import index_safety
 from portkern.portable.interpreter import gil_enabled
 
 if TYPE_CHECKING:
@@ -36,6 +37,10 @@ PHASES: tuple[str, ...] = (
     "vm",
     "end",
 )
+
+#: The phase where runtime indices are clamped on the way (`portable.index_safety`): every
+#: frontend's ops are linalg, tensor and arith ops there.
+SAFE_PHASE = "input"
 
 _SEVERITY = {0: "note", 1: "warning", 2: "error", 3: "remark"}
 _DIAGNOSTIC_CALLBACK = ctypes.CFUNCTYPE(
@@ -113,9 +118,14 @@ class Compiler:
         from_phase: str,
         to_phase: str,
         name: str = "module",
+        safe_indices: bool = True,
     ) -> "ir.Operation":
-        """Compile a copy of `module` from one phase to another; return the result."""
+        """Compile a copy of `module` from one phase to another; return the result. A lowering
+        through the `input` phase has its runtime indices clamped there (`portable.index_safety`),
+        unless `safe_indices` is false."""
         with self._lock:
+            if safe_indices:
+                module, from_phase = self._safe_input(module, from_phase, to_phase, name)
             inv, _ = self._run(module, from_phase, to_phase, name)
             try:
                 return inv.export_module()
@@ -124,12 +134,15 @@ class Compiler:
                 inv.close()
 
     def to_vmfb(
-        self, module: "ir.Module | ir.Operation", *, from_phase: str, name: str = "module"
+        self, module: "ir.Module | ir.Operation", *, from_phase: str, name: str = "module", safe_indices: bool = True
     ) -> bytes:
-        """Compile a copy of `module` from `from_phase` to a VM flatbuffer (vmfb)."""
+        """Compile a copy of `module` from `from_phase` to a VM flatbuffer (vmfb), its runtime
+        indices clamped as `lower` does."""
         from iree.compiler.api import Output
 
         with self._lock:
+            if safe_indices:
+                module, from_phase = self._safe_input(module, from_phase, "end", name)
             inv, diagnostics = self._run(module, from_phase, "end", name)
             try:
                 output = Output.open_membuffer()
@@ -141,11 +154,33 @@ class Compiler:
             finally:
                 inv.close()
 
+    def _safe_input(self, module: Any, from_phase: str, to_phase: str, name: str) -> tuple[Any, str]:
+        """`module` and its phase, lowered to the `input` phase and made index-safe
+        (`portable.index_safety`) first where the lowering from `from_phase` to `to_phase` passes it."""
+        _check_phase(from_phase)
+        _check_phase(to_phase)
+        if not PHASES.index(from_phase) < PHASES.index(SAFE_PHASE) < PHASES.index(to_phase):
+            return module, from_phase
+        inv, _ = self._run(module, from_phase, SAFE_PHASE, name)
+        try:
+            safe = inv.export_module()
+        finally:
+            inv._retained_module_op = None
+            inv.close()
+        from iree.compiler import ir
+
+        try:
+            index_safety.clamp(safe)
+        except (ir.MLIRError, ValueError, TypeError, AttributeError, IndexError, KeyError) as exc:  # IR it does not expect
+            raise CompileError(f"{name}: cannot make its indices safe at phase {SAFE_PHASE}: {one_line(exc, limit=400)}") from None
+        return _Owned(safe), SAFE_PHASE
+
     def _run(self, module: Any, from_phase: str, to_phase: str, name: str) -> tuple[Any, list[tuple[str, str]]]:
         _check_phase(from_phase)
         _check_phase(to_phase)
         lib = _api()
-        op = getattr(module, "operation", module).clone()
+        # the caller's module is left as it was: a copy is compiled (one made here needs none)
+        op = module.op if isinstance(module, _Owned) else getattr(module, "operation", module).clone()
         inv = self._session.invocation()
         diagnostics: list[tuple[str, str]] = []
 
@@ -168,6 +203,13 @@ class Compiler:
                 f"{name}: IREE failed between phases {from_phase} and {to_phase}: {_summary(diagnostics)}"
             )
         return inv, diagnostics
+
+
+class _Owned:
+    """A module made by this compiler for its own next step, compiled without a copy."""
+
+    def __init__(self, op: Any) -> None:
+        self.op = op
 
 
 def operations(module: "ir.Module | ir.Operation") -> list["ir.Operation"]:

@@ -3,7 +3,11 @@
 A contract names every dimension of every argument either by its size (an
 integer) or by a symbol: dimensions that share a symbol must be equal in a
 call, `(MxK, KxN) -> MxN` for a matmul. Result dimensions are symbols or
-sizes too, or None when no argument dimension fixes them. The builder
+sizes too, an expression over the symbols (`M - K + 1`, `M * K`), or None when
+no argument dimension fixes them. Conditions over the symbols (`requires`:
+`M - K + 1 >= 0`, `N <= 1024`) state the relations a kernel needs beyond
+equality: a slice no longer than its source, a convolution's window within
+its input. The builder
 derives a contract from the IR (`portable.contract_ir`) or takes the one a
 manifest states; the bundle records it next to the signature, and every call
 is checked against it before anything runs. Nothing here parses MLIR.
@@ -11,12 +15,14 @@ is checked against it before anything runs. Nothing here parses MLIR.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence, Union, cast
 
-from portkern.base.errors import ArgumentShapeError, ArgumentTypeError
+from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
 from portkern.base.records import from_plain, to_plain, wire
+from portkern.portable.expr import Expr, parse
 
 #: One dimension: a size, or a symbol.
 Dim = Union[int, str]
@@ -38,6 +44,8 @@ ORIGINS = ("ir", "stated")
 #: The default bucketing rule of a symbol: powers of two, clamped to [1, POW2_MAX].
 POW2_MAX = 1 << 16
 MAX_BOUNDS = 64
+#: At most this many conditions in a contract's `requires`.
+MAX_REQUIRES = 64
 
 
 class UncheckedShapesWarning(UserWarning):
@@ -58,6 +66,8 @@ class ShapeContract:
     #: Beside `names`, an identifier per argument (`identifiers_for`); derived when not recorded
     #: (recorded only for names outside what bundle formats before 1.3 hold).
     identifiers: tuple[str, ...] = field(default=(), metadata=wire(omit=lambda contract: not contract.free_names))
+    #: Conditions over the symbols every call must meet (format 1.4), e.g. `M - K + 1 >= 0`.
+    requires: tuple[str, ...] = field(default=(), metadata=wire(omit=True))
 
     def __post_init__(self) -> None:
         if self.names and not self.identifiers:
@@ -67,6 +77,11 @@ class ShapeContract:
     def free_names(self) -> bool:
         """Whether an argument name is outside what bundle formats before 1.3 hold."""
         return any(not PLAIN_NAME.match(n) for n in self.names)
+
+    @property
+    def has_expressions(self) -> bool:
+        """Whether it holds what bundle formats before 1.4 lack: conditions, or result expressions."""
+        return bool(self.requires) or any(isinstance(d, str) and not SYMBOL.match(d) for shape in self.results for d in shape)
 
     @property
     def symbols(self) -> tuple[str, ...]:
@@ -100,11 +115,21 @@ class ShapeContract:
                         f"{values[dim]} in dimension {other_axis}, argument {index} has {size} in dimension {axis} "
                         f"(shape contract {self})"
                     )
+        for text in self.requires:
+            try:
+                holds = condition(text).evaluate(values, {})
+            except LaunchSpecError as exc:
+                holds, why = False, f": {exc}"
+            else:
+                why = ""
+            if not holds:
+                shown = ", ".join(f"{s}={values[s]}" for s in sorted(condition(text).symbols) if s in values)
+                raise ArgumentShapeError(f"{kernel}() arguments break `{text}` ({shown}){why} (shape contract {self})")
         return values
 
     def result_shapes(self, values: Mapping[str, int]) -> list[tuple[int | None, ...]]:
         """Result shapes for bound symbols (None where no argument fixes a dimension)."""
-        return [tuple(d if not isinstance(d, str) else values.get(d) for d in shape) for shape in self.results]
+        return [tuple(_dim_value(d, values) for d in shape) for shape in self.results]
 
     def bucket_of(self, values: Mapping[str, int]) -> str:
         """The bucket of a call's symbol values, e.g. `M<=64`, `M=50`, `M>2048,N<=8`; "" without symbols.
@@ -144,16 +169,25 @@ class ShapeContract:
                 if len(shape) != len(spec):
                     return f"{what} {index} has rank {len(shape)}, the signature says {len(spec)}"
                 for axis, (dim, size) in enumerate(zip(shape, spec)):
-                    if isinstance(dim, str) and not SYMBOL.match(dim):
-                        return f"{what} {index}: {dim!r} is not a symbol name"
+                    if isinstance(dim, str) and not SYMBOL.match(dim) and (what == "argument" or expression_problem(dim) is not None):
+                        return f"{what} {index}: {dim!r} is not a symbol name" + (f" or an expression ({expression_problem(dim)})" if what == "result" else "")
                     if isinstance(dim, int) and size is not None and dim != size:
                         return f"{what} {index} dimension {axis} is {dim}, the signature says {size}"
                     if size is not None and isinstance(dim, str):
                         return f"{what} {index} dimension {axis} is the symbol {dim}, the signature fixes it to {size}"
-        result_symbols = {d for shape in self.results for d in shape if isinstance(d, str)}
+        result_symbols = {s for shape in self.results for d in shape if isinstance(d, str) for s in _symbols_of(d)}
         unbound = sorted(result_symbols - set(self.symbols))
         if unbound:
             return f"result symbols {', '.join(unbound)} are not bound by any argument"
+        if len(self.requires) > MAX_REQUIRES:
+            return f"more than {MAX_REQUIRES} conditions"
+        for text in self.requires:
+            try:
+                needs = condition(text).symbols
+            except LaunchSpecError as exc:
+                return f"condition {text!r}: {exc}"
+            if needs - set(self.symbols):
+                return f"condition {text!r} names {', '.join(sorted(needs - set(self.symbols)))}, not a symbol of the arguments"
         if len(self.symbols) > MAX_SYMBOLS:
             return f"more than {MAX_SYMBOLS} symbols"
         for symbol, rule in self.buckets.items():
@@ -180,7 +214,49 @@ class ShapeContract:
         args = ", ".join(shape_text(s) for s in self.inputs)
         results = [shape_text(s) for s in self.results]
         shown = results[0] if len(results) == 1 else f"({', '.join(results)})"
-        return f"({args}) -> {shown}"
+        where = f" where {', '.join(self.requires)}" if self.requires else ""
+        return f"({args}) -> {shown}{where}"
+
+
+@functools.lru_cache(maxsize=4096)
+def condition(text: str) -> Expr:
+    """A contract condition, parsed once (LaunchSpecError when it is not a comparison of size expressions)."""
+    return parse(text, condition=True)
+
+
+@functools.lru_cache(maxsize=4096)
+def expression(text: str) -> Expr:
+    """A result dimension's expression, parsed once (LaunchSpecError when it is not one)."""
+    return parse(text)
+
+
+def expression_problem(text: str) -> str | None:
+    """What makes `text` unfit as a result dimension's expression (no `ARG.shape[i]`), None when nothing."""
+    try:
+        parsed = expression(text)
+    except LaunchSpecError as exc:
+        return str(exc)
+    return "it reads ARG.shape[i]; name the dimension's symbol instead" if parsed.dims else None
+
+
+def _symbols_of(dim: str) -> frozenset[str]:
+    if SYMBOL.match(dim):
+        return frozenset((dim,))
+    try:
+        return expression(dim).symbols
+    except LaunchSpecError:
+        return frozenset()
+
+
+def _dim_value(dim: Dim | None, values: Mapping[str, int]) -> int | None:
+    if not isinstance(dim, str):
+        return dim
+    if SYMBOL.match(dim):
+        return values.get(dim)
+    try:
+        return expression(dim).evaluate(values, {})
+    except LaunchSpecError:
+        return None
 
 
 def identifier(name: str) -> str:
@@ -245,8 +321,8 @@ _MISSING = object()
 
 
 def shape_text(shape: Sequence[Dim | None]) -> str:
-    """`MxK`, `Mx256`, `?x4` (unknown), `scalar` (0-d)."""
-    return "x".join("?" if d is None else str(d) for d in shape) or "scalar"
+    """`MxK`, `Mx256`, `?x4` (unknown), `(M - K + 1)x4` (an expression), `scalar` (0-d)."""
+    return "x".join("?" if d is None else f"({d})" if isinstance(d, str) and not SYMBOL.match(d) else str(d) for d in shape) or "scalar"
 
 
 def rule_problem(rule: Rule) -> str | None:

@@ -108,13 +108,14 @@ def _check_launch(kind: str, source: Path, options: dict[str, Any], index: int, 
     """
     from portkern.portable.launch import MANIFEST_KEYS, dotted, from_manifest, where_of
 
-    for key in ("shapes", "buckets"):
+    for key in ("shapes", "buckets", "constraints", "unchecked"):
         if kind in ("opencl", "spirv") and key in options:
             raise ManifestError(
                 f"{path}:{_line(lines, ('kernels', index, key))}: kernels[{index}].{key}: "
                 f"{kind} kernels state their shapes in `args:` and are not tuned"
             )
     if kind not in ("opencl", "spirv"):
+        _check_expressions(options, index, lines, path)
         for key in sorted(set(options) & set(MANIFEST_KEYS)):
             raise ManifestError(
                 f"{path}:{_line(lines, ('kernels', index, key))}: kernels[{index}].{key}: "
@@ -130,6 +131,21 @@ def _check_launch(kind: str, source: Path, options: dict[str, Any], index: int, 
         where = where_of(exc)
         key = f"kernels[{index}]" + (f".{dotted(where)}" if where else "")
         raise ManifestError(f"{path}:{_line(lines, ('kernels', index) + where)}: {key}: {exc}") from None
+
+
+def _check_expressions(options: dict[str, Any], index: int, lines: dict[KeyPath, int], path: Path) -> None:
+    """`shapes:` expressions and `constraints:` conditions must parse (portable/expr.py)."""
+    from portkern.portable.expr import parse
+
+    checks: list[tuple[KeyPath, str, Any, bool]] = []
+    for name, dims in (options.get("shapes") or {}).items():
+        checks += [(("shapes", name, axis), f"shapes.{name}[{axis}]", dim, False) for axis, dim in enumerate(dims) if isinstance(dim, str)]
+    checks += [(("constraints", i), f"constraints[{i}]", text, True) for i, text in enumerate(options.get("constraints") or ())]
+    for where, shown, text, condition in checks:
+        try:
+            parse(text, condition=condition)
+        except LaunchSpecError as exc:
+            raise ManifestError(f"{path}:{_line(lines, ('kernels', index) + where)}: kernels[{index}].{shown}: {text!r} is not valid ({exc})") from None
 
 
 def _to_python(node: yaml.Node, where: KeyPath, lines: dict[KeyPath, int], path: Path) -> Any:

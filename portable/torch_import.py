@@ -2,7 +2,9 @@
 
 The import runs in its own process (`python -m portkern.portable.torch_import MODEL OUT`),
 which needs torch and iree-turbine (`pip install 'portkern[torch]'`); the build process and
-the device need neither. It loads the ExportedProgram, marks every tensor of its state
+the device need neither. It loads the ExportedProgram (an output type it names, such as
+transformers' `ModelOutput` classes, registered by importing the module that defines it),
+decomposes it as iree-turbine decomposes a module it exports itself, marks every tensor of its state
 (parameters, buffers, constants) as an external parameter `"model"::<state-dict name>`,
 exports it with iree-turbine (dynamic dimensions kept), and writes `model.mlir`,
 `weights.bin` (the tensors' raw bytes, one after another) and `weights.json` (name, offset,
@@ -11,14 +13,18 @@ size of each). The builder streams the bytes of the referenced ones into the bun
 
 from __future__ import annotations
 
+import importlib
 import json
+import logging
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-from portkern.base.errors import BuildError, brief
+from portkern.base.errors import BuildError, brief, one_line
 from portkern.portable.parameters import DEFAULT_SCOPE, MAX_SECTION_BYTES, ParameterData, file_pieces, referenced
 
 TORCH_IMPORT_TIMEOUT_S = 1800
@@ -55,13 +61,85 @@ def import_torch(path: Path, kernel: str, workdir: Path) -> tuple[bytes, tuple[P
     return text, tuple(data)
 
 
+#: aten ops (their default overloads) taken apart with torch's core decompositions before import:
+#: iree-turbine's importer has no lowering for them (aten.diff: transformers' attention masks).
+_FROM_CORE = ("diff",)
+
+#: torch.export.load's message for an output type whose pytree registration is not in this process.
+_UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
+
+
+class _Causes(logging.Handler):
+    """The exceptions torch.export.load logs (and replaces by a message that points at them)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.found: list[BaseException] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.exc_info and record.exc_info[1] is not None:
+            self.found.append(record.exc_info[1])
+
+
+#: Packages whose output types register themselves with torch's pytree when their module is
+#: imported; a module a `.pt2` names is imported only inside these (a file names no other code to run).
+PYTREE_OWNERS = ("transformers", "diffusers")
+
+
+def _import_owner(type_name: str) -> bool:
+    """Import the module that defines `type_name` (a dotted class name), as the process that saved
+    the program had it imported (transformers' ModelOutput classes register themselves with
+    torch's pytree when defined), when it belongs to a package of `PYTREE_OWNERS`; whether one
+    was imported."""
+    parts = type_name.split(".")
+    if parts[0] not in PYTREE_OWNERS or not all(part.isidentifier() for part in parts):
+        return False
+    for end in range(len(parts) - 1, 0, -1):
+        try:
+            importlib.import_module(".".join(parts[:end]))
+        except ImportError:
+            continue
+        return True
+    return False
+
+
+def _load(model: Path) -> Any:
+    """The ExportedProgram in `model`. An output type the file names but this process has not
+    registered is registered by importing its module; any other failure ends the process with
+    torch's own cause as the last line (torch.export.load only logs it)."""
+    import torch
+
+    logger = logging.getLogger("torch.export")
+    tried: set[str] = set()
+    while True:
+        causes = _Causes()
+        logger.addHandler(causes)
+        try:
+            return torch.export.load(str(model))
+        except RuntimeError as exc:
+            cause = causes.found[-1] if causes.found else exc
+            unregistered = _UNREGISTERED.search(str(cause))
+            if unregistered is None or unregistered.group(1) in tried or not _import_owner(unregistered.group(1)):
+                raise SystemExit(f"{type(cause).__name__}: {one_line(str(cause), limit=400)}") from None
+            tried.add(unregistered.group(1))
+        finally:
+            logger.removeHandler(causes)
+
+
 def _export(model: Path, out: Path) -> None:
     """In the import process: export the program and write its MLIR and weights."""
     import torch
     from iree.turbine import aot
-    from iree.turbine.aot import ExternalTensorTrait
+    from iree.turbine.aot import ExternalTensorTrait, current_aot_decompositions
 
-    program = torch.export.load(str(model))
+    # The decompositions iree-turbine applies to a module it exports itself, which it leaves out
+    # for a program exported beforehand: they functionalise in-place ops (ReLU(inplace=True)) and
+    # take list-returning ops (aten.split) and batch norm to ops its importer takes. Plus the
+    # ops of _FROM_CORE, which neither its table nor its importer handles, as torch decomposes them.
+    table = dict(current_aot_decompositions())
+    core = torch.export.default_decompositions()
+    table.update({op: core[op] for op in (getattr(torch.ops.aten, name).default for name in _FROM_CORE) if op in core})
+    program = _load(model).run_decompositions(table)
     tensors = {**program.state_dict, **program.constants}
     for name, tensor in tensors.items():
         if isinstance(tensor, torch.Tensor):

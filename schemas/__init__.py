@@ -7,9 +7,8 @@ import hashlib
 import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 _HERE = Path(__file__).resolve().parent
 
@@ -61,8 +60,7 @@ def check(name: str, document: object, error: type[Exception]) -> None:
         raise error(f"metadata does not match the {name} schema at {first.where}: {first.detail[:300]}")
 
 
-@dataclass(frozen=True)
-class Violation:
+class Violation(NamedTuple):
     """Where a document breaks its schema (`path` into the document) and what rule."""
 
     path: tuple[str | int, ...]

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import redis_server
 from helpers import EXPECTED_SKIPS
 
 from portkern.cache.config import CacheConfig
@@ -77,6 +78,7 @@ def _private_cache(tmp_path_factory):
     for name in ("PORTKERN_REMOTE_CACHE", "PORTKERN_TRUSTED_KEYS", "PORTKERN_REQUIRE_SIGNATURE", "PORTKERN_SIGNING_KEY",
                  "PORTKERN_ROLE", "PORTKERN_REMOTE_LOCK_S", "PORTKERN_COMPILE"):
         mp.delenv(name, raising=False)  # a fleet set up on this machine must not reach the tests
+    mp.setenv("PORTKERN_CONFIG", "")  # nor a config file in the user's config dir
     yield
     mp.undo()
 
@@ -171,3 +173,11 @@ def gpu_native(gpu_bundle):
         return done[spec]
 
     return native
+
+
+@pytest.fixture
+def server(tmp_path):
+    """A real redis-server on a free loopback port, stopped after the test."""
+    running = redis_server.RedisServer(tmp_path)
+    yield running
+    running.stop()

@@ -169,6 +169,24 @@ def build_mlir(where: Path, name: str = "k", **sources: str) -> Path:
     return where / f"{name}.pkb"
 
 
+#: Two small static kernels (`build_mlir(where, name, **ADD_AND_SCALE)`) for tests of policy, not of code.
+ADD_AND_SCALE = {
+    "add": """
+func.func @add(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %r = arith.addf %a, %b : tensor<4x8xf32>
+  return %r : tensor<4x8xf32>
+}
+""",
+    "scale": """
+func.func @scale(%x: tensor<16xf32>) -> tensor<16xf32> {
+  %two = arith.constant dense<2.0> : tensor<16xf32>
+  %r = arith.mulf %x, %two : tensor<16xf32>
+  return %r : tensor<16xf32>
+}
+""",
+}
+
+
 def reseal(path: Path, out: Path, version: str, sources: dict[str, bytes] | None = None) -> Path:
     """`path` with every stage's producer set to IREE `version` (a bundle of another release,
     as far as the loader can tell), and the named kernels' source stage bytes replaced by

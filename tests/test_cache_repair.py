@@ -165,7 +165,7 @@ def written_with_diskcache(directory: Path) -> None:
 
 
 @pytest.mark.parametrize("indexed", [True, False])
-def test_a_cache_written_with_diskcache_is_moved_into_the_records_on_open(tmp_path, caplog, indexed):
+def test_a_cache_written_with_diskcache_is_read_where_it_is(tmp_path, indexed):
     directory = tmp_path / "v1"
     store = Store(CacheConfig(directory, 1 << 30, False))
     items = [synthetic(i, 40_000 if i % 2 else 300) for i in range(4)]
@@ -182,15 +182,15 @@ def test_a_cache_written_with_diskcache_is_moved_into_the_records_on_open(tmp_pa
         db.commit()
         db.close()
 
-    with caplog.at_level("INFO", logger="portkern.cache"):
-        reopened = Store(CacheConfig(directory, 1 << 30, False))
-        assert [reopened.get(key)[0] for key, _, _ in items] == [data for _, data, _ in items]
-    assert "10 records moved from the diskcache layout" in caplog.text
+    reopened = Store(CacheConfig(directory, 1 << 30, False))
+    assert [reopened.get(key)[0] for key, _, _ in items] == [data for _, data, _ in items]
     assert reopened.get_record("t", "a" * 64) == {"config": "x" * 40_000}
     assert reopened.get_record("t", "b" * 64) == {"config": "y"}
-    assert {p.name for p in directory.iterdir()} <= set(DATABASE_FILES) | {"locks"}
     assert_counters_match(reopened)
+    # An older release may still write there (tests/test_cache_versions.py): its table and value
+    # files stay, and verify finds nothing wrong with them.
     assert reopened.verify() == []
+    assert [reopened.get(key)[0] for key, _, _ in items] == [data for _, data, _ in items]
 
 
 def test_lock_files_do_not_pile_up(tmp_path):

@@ -143,7 +143,7 @@ def test_warm_lookups_take_no_write_lock(tmp_path):
     finally:
         blocker.execute("ROLLBACK")
         blocker.close()
-    assert store.counters() == {"hits": 5, "misses": 0, "remote_hits": 0, "remote_misses": 0}
+    assert store.counters() == {"hits": 5, "misses": 0, "remote_hits": 0, "remote_misses": 0, "remote_errors": 0}
     assert store.entries()[0].hits == 5
 
 
@@ -172,7 +172,7 @@ def test_hit_counts_from_concurrent_processes_add_up(tmp_path):
         assert proc.returncode == 0, err
     entries = store.entries()
     assert [e.hits for e in entries] == [120] * 5
-    assert store.counters() == {"hits": 600, "misses": 0, "remote_hits": 0, "remote_misses": 0}
+    assert store.counters() == {"hits": 600, "misses": 0, "remote_hits": 0, "remote_misses": 0, "remote_errors": 0}
     assert store.stats()["devices"]["cpu:x"]["hits"] == 600
 
 

@@ -50,7 +50,7 @@ def test_warm_hit_after_cold_miss(examples_bundle, store, rng):
     (cached,) = store.entries()
     assert (cached.kernel, cached.bundle, cached.hits, cached.config) == ("gemm_glu", "examples", 1, "default")
     assert cached.finalize_s > 0 and cached.bundle_digest == bundle.digest
-    assert store.counters() == {"hits": 1, "misses": 1, "remote_hits": 0, "remote_misses": 0}
+    assert store.counters() == {"hits": 1, "misses": 1, "remote_hits": 0, "remote_misses": 0, "remote_errors": 0}
 
 
 def test_every_key_part_changes_the_key():

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import assert_matches, build_mlir, cli_json
+from helpers import ADD_AND_SCALE, assert_matches, build_mlir, cli_json
 
 import portkern
 from portkern.base import settings
@@ -16,27 +16,12 @@ from portkern.cache.store import Store
 from portkern.cli.main import main
 from portkern.jit import devices
 
-ADD = """
-func.func @add(%a: tensor<4x8xf32>, %b: tensor<4x8xf32>) -> tensor<4x8xf32> {
-  %r = arith.addf %a, %b : tensor<4x8xf32>
-  return %r : tensor<4x8xf32>
-}
-"""
-
-SCALE = """
-func.func @scale(%x: tensor<16xf32>) -> tensor<16xf32> {
-  %two = arith.constant dense<2.0> : tensor<16xf32>
-  %r = arith.mulf %x, %two : tensor<16xf32>
-  return %r : tensor<16xf32>
-}
-"""
-
-KERNELS = ["add", "scale"]
+KERNELS = list(ADD_AND_SCALE)
 
 
 @pytest.fixture(scope="module")
 def bundle_path(tmp_path_factory):
-    return build_mlir(tmp_path_factory.mktemp("controls"), "controls", add=ADD, scale=SCALE)
+    return build_mlir(tmp_path_factory.mktemp("controls"), "controls", **ADD_AND_SCALE)
 
 
 def store_at(directory) -> Store:
@@ -129,3 +114,13 @@ def test_compile_never_leaves_a_stored_tuning_config_usable(examples_bundle, sto
     with pytest.raises(CompileForbiddenError, match=r"'gemm_bias_relu' has no native code for .* \(config '0=cpu:"):
         portkern.load(examples_bundle, store=store).kernel("gemm_bias_relu")
     assert UNUSABLE not in store.get_tuning(problem, target.fingerprint, compiler)
+
+
+def test_compile_never_refuses_a_tuning_search_before_any_compile(examples_bundle, tmp_path, monkeypatch):
+    """`kernel(tune=...)` with nothing stored would compile candidates: refused, nothing built."""
+    monkeypatch.setenv(settings.COMPILE, "never")
+    store = store_at(tmp_path / "cache")
+    bundle = portkern.load(examples_bundle, store=store)
+    with pytest.raises(CompileForbiddenError, match=r"'gemm_bias_relu' on .*tune='quick'.*PORTKERN_COMPILE=never"):
+        bundle.kernel("gemm_bias_relu", tune="quick")
+    assert store.entries() == []

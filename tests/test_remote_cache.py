@@ -46,13 +46,6 @@ def examples_bundle(examples_bundle, keys, tmp_path_factory):
 
 
 @pytest.fixture
-def server(tmp_path):
-    running = redis_server.RedisServer(tmp_path)
-    yield running
-    running.stop()
-
-
-@pytest.fixture
 def fleet(server, keys, monkeypatch):
     """The environment of a fleet that signs its entries and requires signatures."""
     monkeypatch.setenv("PORTKERN_REMOTE_CACHE", server.url)

@@ -17,8 +17,16 @@ import threading
 import time
 from typing import Any, Callable, Literal, TypeGuard
 
-from portkern.base.errors import DispatchTuningError, PerfConfigError, PortkernError, TuningError, one_line
-from portkern.cache import keys
+from portkern.base import settings
+from portkern.base.errors import (
+    CompileForbiddenError,
+    DispatchTuningError,
+    PerfConfigError,
+    PortkernError,
+    TuningError,
+    one_line,
+)
+from portkern.cache import keys, metrics
 from portkern.cache.store import UNUSABLE
 from portkern.cache.tuning import TuningDB
 from portkern.jit.finalize import CONFIGURED_PHASE, MODULE_OPTIONS, OPTION_DRIVERS
@@ -105,6 +113,7 @@ class Tuner:
         stored = None if retune else db.selection(problem, target.fingerprint)
         if satisfies(stored, strategy, limited) and _valid(stored["config"]):
             return TuneResult.from_selection(stored, record.name, target.label)
+        _refuse_search(natives, record, target, strategy)
         with self._busy, db.lock(problem, target.fingerprint):
             stored = None if retune else db.selection(problem, target.fingerprint)
             if satisfies(stored, strategy, limited) and _valid(stored["config"]):
@@ -112,9 +121,23 @@ class Tuner:
             run = _Run(self, natives, record, target, module, db, budget, time_limit, retune, progress)
             result = run.execute()
         result.wall_s = time.perf_counter() - start
+        if result.source == "search":
+            metrics.tuned(natives.store, result.wall_s)
         # Stored even when nothing was worth tuning, so the next call need not analyse the kernel again.
         _put_selection(db, problem, target, natives.bundle.name, result)
         return result
+
+
+def _refuse_search(natives: NativeCode, record: KernelRecord, target: Target, strategy: str) -> None:
+    """A search compiles candidates: under `PORTKERN_COMPILE=never` it is a `CompileForbiddenError`."""
+    if settings.compile_mode() != settings.COMPILE_NEVER:
+        return
+    metrics.refused(natives.store, metrics.COMPILE_FORBIDDEN)
+    raise CompileForbiddenError(
+        f"{record.name!r} on {target.label}: tune={strategy!r} has no stored result to serve and would compile "
+        f"candidates, and compiling is turned off ({settings.COMPILE}={settings.COMPILE_NEVER}): tune on a build "
+        "farm and import or publish the results, or leave tune= out to serve the stored selection"
+    )
 
 
 def satisfies(record: dict[str, Any] | None, strategy: str, limited: bool = False) -> TypeGuard[dict[str, Any]]:

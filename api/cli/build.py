@@ -14,7 +14,7 @@ from portkern.cli.common import JSON_FORMAT, Report, add_json, add_sign, human_s
 def register(sub) -> None:
     build = sub.add_parser("build", help="build a bundle from a manifest")
     build.add_argument("manifest", type=Path, help="manifest.yaml")
-    build.add_argument("-o", "--output", type=Path, required=True, help="bundle file to write (.pkb)")
+    build.add_argument("-o", "--output", type=Path, required=True, help="bundle file to write (.pkb): a new file renamed over the path, so a process that loaded the old one keeps it")
     build.add_argument(
         "--prebuild",
         metavar="TARGETS",

@@ -1,4 +1,4 @@
-"""`portkern cache ls|show|stats|verify|prune|clear|export|import`."""
+"""`portkern cache ls|show|stats|verify|prune|clear|export|import|publish`."""
 
 from __future__ import annotations
 
@@ -7,8 +7,20 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from portkern.base.errors import CacheError
-from portkern.cli.common import Report, add_cache_dir, add_json, add_sign, device_filter, human_age, human_size, store_from, table
+from portkern.base.errors import CacheError, PortkernError, UsageError, one_line
+from portkern.cli.common import (
+    JSON_FORMAT,
+    Report,
+    add_cache_dir,
+    add_json,
+    add_sign,
+    device_filter,
+    human_age,
+    human_size,
+    shown,
+    store_from,
+    table,
+)
 
 #: Entries `cache ls` shows without `--all` or `--limit`.
 DEFAULT_LIMIT = 50
@@ -49,7 +61,10 @@ def register(sub) -> None:
     shown.add_argument("--all", action="store_true", help="show every entry")
     show = action("show", "everything about one entry", run_show)
     show.add_argument("key", help="entry key or a unique prefix of it")
-    action("stats", "entries, bytes, hits and misses, per device", run_stats)
+    stats = action("stats", "entries, bytes, hits and misses, per device", run_stats)
+    stats.add_argument("--prometheus", action="store_true",
+                       help="the cache's counters in the Prometheus text format (hits, misses, remote lookups, compiles, "
+                       "tuning runs, refusals by reason)")
     action("verify", "check rows, files and records; remove what is inconsistent (exit 1 if anything was)", run_verify)
     prune = action("prune", "evict old entries or shrink to a size", run_prune)
     prune.add_argument("--max-size", help="evict least recently used entries until the cache fits, e.g. 500MB")
@@ -68,6 +83,12 @@ def register(sub) -> None:
         action="store_true",
         help="import native code even if no key in $PORTKERN_TRUSTED_KEYS signed the file",
     )
+    publish = action("publish", "make sure the remote tier has a bundle's native code for a device (finalising what "
+                     "is missing here first); exit 1 unless every kernel's code is there", run_publish)
+    publish.add_argument("bundle", type=Path)
+    publish.add_argument("--device", default="cpu", help="device spec or target, as `finalize --target` takes it (default: cpu)")
+    publish.add_argument("--kernel", action="append", metavar="NAME", help="only these kernels (default: all)")
+    publish.add_argument("--workers", type=positive, metavar="N", help="finalise up to N kernels at once (default: one per core)")
 
 
 def entries_table(title: str, entries: list, serves: list[str] | None = None, kinds: list[str] | None = None):
@@ -140,6 +161,8 @@ def run_show(args: argparse.Namespace) -> Report:
 
 
 def run_stats(args: argparse.Namespace) -> Report:
+    if args.prometheus:
+        return _prometheus(args)
     stats = store_from(args).stats()
 
     def render(out):
@@ -147,8 +170,9 @@ def run_stats(args: argparse.Namespace) -> Report:
         rate = f" ({100 * stats['hits'] / looked:.0f}% hits)" if looked else ""
         out.print(f"{places_text(stats['directories'])}: {stats['entries']} entries, {human_size(stats['bytes'])} of {human_size(stats['max_size'])}, "
                   f"{stats['tuning_results']} tuning results, {stats['hits']} hits / {stats['misses']} misses{rate}")
-        if stats["remote_hits"] or stats["remote_misses"]:
-            out.print(f"remote tier: {stats['remote_hits']} hits / {stats['remote_misses']} misses")
+        if stats["remote_hits"] or stats["remote_misses"] or stats["remote_errors"]:
+            errors = f", {stats['remote_errors']} lookups Redis did not answer" if stats["remote_errors"] else ""
+            out.print(f"remote tier: {stats['remote_hits']} hits / {stats['remote_misses']} misses{errors}")
         if len(stats["directories"]) > 1:
             rows = [[p["directory"], p["state"], p.get("entries", 0), human_size(p.get("bytes", 0))] for p in stats["directories"]]
             out.print(table("directories, in lookup order", ["directory", "state", "entries", "size"], rows))
@@ -156,6 +180,22 @@ def run_stats(args: argparse.Namespace) -> Report:
         out.print(table("per device", ["device", "entries", "size", "hits"], rows))
 
     return Report(stats, render)
+
+
+def _prometheus(args: argparse.Namespace) -> Report:
+    """`cache stats --prometheus`: the exposition text as it is, on stdout."""
+    import sys
+
+    import portkern
+
+    if args.json:
+        raise UsageError("cache stats: --prometheus and --json are two formats; give one")
+    text = portkern.metrics(store_from(args))
+
+    def render(out) -> None:
+        sys.stdout.write(text)
+
+    return Report(text, render)
 
 
 def run_verify(args: argparse.Namespace) -> Report:
@@ -244,3 +284,63 @@ def run_import(args: argparse.Namespace) -> Report:
                   f"{report.skipped} already here, {len(report.rejected)} rejected")
 
     return Report(report.to_dict(), render, status=1 if report.rejected else 0)
+
+
+def run_publish(args: argparse.Namespace) -> Report:
+    """`cache publish BUNDLE`: each kernel's native code for the device (finalised here when the local
+    cache and the remote tier lack it) offered to the remote tier; per kernel what became of it."""
+    import portkern
+    from portkern.cache.publish import publish
+    from portkern.cache.remote import PRESENT, PUBLISHED, REMOTE_ENV
+    from portkern.cli.finalize import remote_line
+    from portkern.jit import devices
+    from portkern.jit.toolchain import toolchain_for
+
+    store = store_from(args)
+    remote = store.remote
+    if remote is None:
+        raise UsageError(f"cache publish needs a remote tier: set {REMOTE_ENV} (redis://host:port/db)")
+    bundle = portkern.load(args.bundle, store=store)
+    target = devices.resolve(args.device, store)
+    rows: list[dict] = []
+    wanted: list[str] = []
+    for name in args.kernel or bundle.names():
+        record = bundle.record(name)
+        row = {"kernel": name, "key": None, "origin": None, "remote": None, "published": None, "error": None}
+        if not toolchain_for(record).accepts(target):
+            row["error"] = f"{record.kind} kernel: does not run on {target.label}"
+        else:
+            wanted.append(name)
+        rows.append(row)
+    outcomes = bundle.prepare(args.device, wanted, workers=args.workers) if wanted else {}
+    for row in rows:
+        native = outcomes.get(row["kernel"])
+        if isinstance(native, PortkernError):
+            row.update(published=False, error=f"{type(native).__name__}: {one_line(native)}")
+        elif native is not None:
+            row.update(key=native.key, origin=native.origin)
+    ready = [row for row in rows if row["key"]]
+    publication = publish(store, remote, [row["key"] for row in ready], {row["key"] for row in ready if row["origin"] == "finalized"})
+    for row in ready:
+        row["remote"] = publication.outcomes[row["key"]]
+        row["published"] = row["remote"] in (PUBLISHED, PRESENT)
+    summary = publication.summary()
+    failed = sum(1 for row in rows if row["published"] is False and row["key"] is None)
+    if failed:  # kernels without native code here (compiling off, a failed compile): not published either
+        summary["missing"] += failed
+        summary["reason"] = "; ".join(filter(None, [summary["reason"], f"{failed} kernel(s) have no native code here (see each kernel's error)"]))
+    not_published = [row["kernel"] for row in rows if row["published"] is False]
+    data = {
+        "json_format": JSON_FORMAT, "bundle": str(args.bundle), "device": target.label, "cache_dir": str(store.directory),
+        "ok": not not_published, "published": not not_published and bool(ready), "remote": summary,
+        "kernels": rows, "not_published": not_published,
+    }
+
+    def render(out):
+        cells = [[r["kernel"], r["origin"] or "-", r["remote"] or "-", r["error"] or ""] for r in rows]
+        out.print(table(f"{args.bundle} for {target.label} -> {remote.url}", ["kernel", "origin", "remote tier", "error"], cells))
+        out.print(remote_line(summary))
+        if not_published:
+            out.print(f"[red]{len(not_published)} kernel(s) not in the remote tier:[/red] {shown(', '.join(not_published))}")
+
+    return Report(data, render, status=0 if data["ok"] else 1)

@@ -99,46 +99,33 @@ def run_finalize(args: argparse.Namespace) -> Report:
             signed = f", signed ({exported['signed']})" if exported["signed"] else ""
             out.print(f"exported {exported['entries']} entries ({human_size(exported['bytes'])}) to {exported['path']}{signed}")
         if remote is not None:
-            missing = f"; {remote['missing']} not published: {remote['reason']}" if remote["missing"] else ""
-            out.print(f"remote tier {remote['url']} ({remote['role']}): {remote['published']} published, "
-                      f"{remote['present']} already there{missing}")
+            out.print(remote_line(remote))
 
     ok = all(r["ok"] for r in rows) and (published or not args.publish)
     return Report(data, render, status=0 if ok else 1)
 
 
-def _publish(store, rows: list[dict], required: bool) -> dict | None:
-    """Offer each finalised entry to the remote tier (`RemoteCache.offer`), noting the outcome in
-    its row; what was published, or None without a remote tier."""
-    from portkern.cache.remote import NATIVE, PRESENT, PUBLISHED, REMOTE_ENV
+def remote_line(remote: dict) -> str:
+    """One line of what was published (`Publication.summary`)."""
+    missing = f"; {remote['missing']} not published: {remote['reason']}" if remote["missing"] else ""
+    return f"remote tier {remote['url']} ({remote['role']}): {remote['published']} published, {remote['present']} already there{missing}"
 
-    remote = store.remote
-    if remote is None:
+
+def _publish(store, rows: list[dict], required: bool) -> dict | None:
+    """Offer each finalised entry to the remote tier (`cache.publish`), noting the outcome in its
+    row; what was published (`Publication.summary`), or None without a remote tier."""
+    from portkern.cache.publish import publish
+    from portkern.cache.remote import REMOTE_ENV
+
+    if store.remote is None:
         if required:
             raise UsageError(f"--publish needs a remote tier ({REMOTE_ENV})")
         return None
-    counts = {PUBLISHED: 0, PRESENT: 0}
-    reasons: list[str] = []
-    for row in rows:
-        if not row["ok"]:
-            continue
-        hit = store.get(row["key"], count=False)
-        if hit is None:
-            outcome = "no longer in the local cache"
-        else:
-            data, entry = hit
-            outcome = remote.offer(NATIVE, row["key"], data, {"config": entry.config, "format": entry.format, "finalize_s": entry.finalize_s})
-        row["remote"] = outcome
-        if outcome in counts:
-            counts[outcome] += 1
-        elif outcome not in reasons:
-            reasons.append(outcome)
-    missing = sum(1 for row in rows if row["ok"] and row["remote"] not in counts)
-    return {
-        "url": remote.url, "role": remote.policy.role, "published": counts[PUBLISHED], "present": counts[PRESENT],
-        "missing": missing, "reason": "; ".join(reasons) or None,
-    }
-
+    done = [row for row in rows if row["ok"]]
+    publication = publish(store, store.remote, [row["key"] for row in done], {row["key"] for row in done if row["origin"] == "finalized"})
+    for row in done:
+        row["remote"] = publication.outcomes[row["key"]]
+    return publication.summary()
 
 
 class _progress:

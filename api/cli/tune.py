@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from portkern.base.errors import DispatchTuningError, PortkernError, TuningError, one_line
+from portkern.base import settings
+from portkern.base.errors import CompileForbiddenError, DispatchTuningError, PortkernError, TuningError, one_line
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, console, store_from, table
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ def run_tune(args: argparse.Namespace) -> Report:
     bundle = portkern.load(args.bundle, store=store)
     names = args.kernel or bundle.names()
     records = [bundle.record(name) for name in names]
+    forbid_compiling(store, names)
     target = devices.resolve(args.device, store)
     if args.compile_only:
         return _compile_only(args, bundle, records, target)
@@ -109,6 +111,19 @@ def run_tune(args: argparse.Namespace) -> Report:
             out.print(f"[red]{e['kernel']}{where}: not tuned: {e['type']}: {e['message']}[/red]")
 
     return Report(data, render, status=1 if errors else 0)
+
+
+def forbid_compiling(store, names: list[str]) -> None:
+    """Refuse to tune, before any work, where compiling is turned off: tuning compiles candidates."""
+    from portkern.cache import metrics
+
+    if settings.compile_mode() == settings.COMPILE_NEVER:
+        metrics.refused(store, metrics.COMPILE_FORBIDDEN)
+        kernels = ", ".join(repr(name) for name in names)
+        raise CompileForbiddenError(
+            f"tuning {kernels} compiles candidate configs, and compiling is turned off here "
+            f"({settings.COMPILE}={settings.COMPILE_NEVER}): tune on a build farm and import or publish the results"
+        )
 
 
 def _compile_only(args: argparse.Namespace, bundle, records, target) -> Report:
