@@ -61,7 +61,7 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object], u
         arrays.append(contiguous(array))  # a copy where one is needed, aligned so the call uses it in place
     if signature.contract is not None:
         signature.contract.bind(kernel, [a.shape for a in arrays])
-    elif unchecked and id(signature) not in _WARNED:
+    elif unchecked:
         warn_unchecked(kernel, signature)
     return arrays
 

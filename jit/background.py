@@ -34,11 +34,6 @@ ENV = settings.BACKGROUND
 T = TypeVar("T")
 
 
-def enabled() -> bool:
-    """Whether baseline code is served while the exact code is built (`PORTKERN_BACKGROUND`, default on)."""
-    return settings.background()
-
-
 class Specialisation(Generic[T]):
     """`work()` on a thread of its own, then `install(result)` unless the process is exiting."""
 

@@ -235,7 +235,7 @@ class LoadedBundle:
         self.parameters_for(record)  # a bad parameter chunk fails here, before anything is compiled or cached
         if shapes is not None and tune in NO_SEARCH:
             raise TuningError(f"shapes= says what to tune {name!r} for; it needs a tuning strategy (tune='quick', ...)")
-        later = settings.background()  # (`jit.background.enabled`; the module is loaded when a baseline serves)
+        later = settings.background()  # baseline code served while the exact code is built
         if later and shapes is None and tune not in NO_SEARCH:
             baseline = self._baseline(record, target)
             if baseline is not None:  # a cold device: tune in the background

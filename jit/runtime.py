@@ -37,7 +37,7 @@ import numpy as np
 
 from portkern.base import settings
 from portkern.base.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError, one_line
-from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array
+from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array, native_runtime
 
 if TYPE_CHECKING:
     from portkern.jit.parameters import KernelParameters
@@ -127,23 +127,6 @@ def _close_at_exit() -> None:
 
 
 _exit_hook = False
-
-
-def native_runtime():
-    """IREE's native runtime module: the classes `iree.runtime` re-exports (`VmInstance`,
-    `VmContext`, `VmModule`, `HalDevice`, ...), imported without the package's Python layer.
-
-    Importing `iree.runtime` runs its `__init__`, which imports every Python helper of the
-    package (benchmark tools over subprocess and tempfile, ml_dtypes, the function-call glue):
-    most of the runtime's import time, none of it on a CPU call's path (`jit/vmcall.py`). The
-    native module is reached as `iree.runtime._binding` reaches it, through
-    `iree._runtime.libs` (a private module of the IREE wheel: there is no public import of the
-    native module alone), which also honours `IREE_PY_RUNTIME`. Paths that need the Python
-    layer (device arrays, other arguments than NumPy arrays) import `iree.runtime` itself; both
-    name the same native classes."""
-    from iree._runtime.libs import _runtime
-
-    return _runtime
 
 
 class RuntimeConfig:

@@ -33,12 +33,28 @@ WRAP_BYTES = 1 << 16
 LOCAL_DRIVERS = ("local-sync", "local-task")
 
 
+def native_runtime():
+    """IREE's native runtime module: the classes `iree.runtime` re-exports (`VmInstance`,
+    `VmContext`, `VmModule`, `HalDevice`, ...), imported without the package's Python layer.
+
+    Importing `iree.runtime` runs its `__init__`, which imports every Python helper of the
+    package (benchmark tools over subprocess and tempfile, ml_dtypes, the function-call glue):
+    most of the runtime's import time, none of it on a CPU call's path (`VmCall`). The
+    native module is reached as `iree.runtime._binding` reaches it, through
+    `iree._runtime.libs` (a private module of the IREE wheel: there is no public import of the
+    native module alone), which also honours `IREE_PY_RUNTIME`. Paths that need the Python
+    layer (device arrays, other arguments than NumPy arrays) import `iree.runtime` itself; both
+    name the same native classes."""
+    from iree._runtime.libs import _runtime
+
+    return _runtime
+
+
 class VmCall:
     """An entry function of a loaded module, callable on C-contiguous NumPy arrays."""
 
     def __init__(self, entry: str, vm_context, vm_function, device) -> None:
-        # IREE's native runtime module, without `iree.runtime`'s Python layer (`jit.runtime.native_runtime`).
-        from iree._runtime.libs import _runtime as _binding
+        _binding = native_runtime()
 
         self.entry = entry
         self._context = vm_context
