@@ -6,7 +6,6 @@ that is not a `PortkernError` is a bug.
 
 from __future__ import annotations
 
-import difflib
 import re
 from typing import Iterable
 
@@ -51,6 +50,8 @@ def gist(text: object, limit: int = 200) -> str:
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """A hint naming the closest of `choices` to a misspelt `word` (`" (did you mean 'x'?)"`), or ""."""
+    import difflib  # (only for a misspelt name: `import portkern` does not load it)
+
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
 
@@ -106,8 +107,9 @@ class MalformedBundleError(BundleError):
 
 
 class BundleChangedError(BundleError):
-    """A loaded bundle's file was changed in place (written into or truncated) while its
-    parameters were in use: load it again (and replace live bundles by rename)."""
+    """A loaded bundle's file was changed in place (written into or truncated) after `load`,
+    before or while its parameters were read or copied: load it again (and replace live
+    bundles by rename)."""
 
 
 class IncompatibleProducerError(BundleError):

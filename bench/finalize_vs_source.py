@@ -12,7 +12,11 @@ Per example kernel, on this CPU, the sides taken in turn within each of --repeat
     empty cache: lookup, lock, a compile job on a worker of the pool (the worker already up, as
     in a process that has finalised before), the code check, the store write;
 (c) in-process: the same stage compiled to the same code in this process (IREE's own compile;
-    b/c is what the route through a worker adds).
+    b/c is what the route through a worker adds);
+(d) source in-process: the kernel's MLIR (as for (a)) parsed and compiled to a vmfb in this
+    process, one compiler session kept as a worker keeps its own (IREE alone, no process start);
+    c/d is IREE's own share of a finalisation against IREE's own compile from source, the
+    least (b/a) can reach while the device compiles from the stored stage.
 
 Both the worker and this process compile every kernel once before the clock starts. Each figure
 is the median of --repeat runs; the ratio is b/a, and the median of the ratios is printed last.
@@ -82,13 +86,20 @@ def main() -> int:
         print()
         return 0 if report["ok"] else 1
     print(f"finalise from the bundle vs compile from source, {report['device']}, median of {report['repeat']}")
-    print(f"{'kernel':<20} {'(a) iree-compile':>16} {'(b) bundle':>11} {'(c) in-process':>15} {'b/c':>6} {'b/a':>6}  note")
+    print(f"{'kernel':<20} {'(a) iree-compile':>16} {'(b) bundle':>11} {'(c) in-process':>15} {'(d) source here':>16} "
+          f"{'b/c':>6} {'c/d':>6} {'b/a':>6}  note")
     for r in report["kernels"]:
         note = f"+ ONNX import {r['import_s']:.2f} s not counted in (a)" if r["kind"] == "onnx" else ""
-        here = f"{r['in_process_s']:>13.3f} s {r['bundle_s'] / r['in_process_s']:>6.2f}" if r["in_process_s"] else f"{'-':>15} {'-':>6}"
+        if r["in_process_s"]:
+            here = (f"{r['in_process_s']:>13.3f} s {r['source_here_s']:>14.3f} s {r['bundle_s'] / r['in_process_s']:>6.2f} "
+                    f"{r['in_process_s'] / r['source_here_s']:>6.2f}")
+        else:
+            here = f"{'-':>15} {'-':>16} {'-':>6} {'-':>6}"
         print(f"{r['kernel']:<20} {r['source_s']:>14.3f} s {r['bundle_s']:>9.3f} s {here} {r['ratio']:>6.2f}  {note}")
     print(f"a fresh worker's start, paid once per process (its first cold kernel): {report['worker_start_s']:.2f} s")
     print(f"median ratio b/a {report['median_ratio']:.2f} (goal <= 0.5)")
+    if report["iree_share"] is not None:
+        print(f"median c/d {report['iree_share']:.2f}: IREE's own compile from the stored stage against IREE's own from source")
     if not report["ok"]:
         print("FAILED: a side gave no code")
     amd = report["amdgpu"]
@@ -147,7 +158,13 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
     def compile_here(name: str) -> int:
         return len(finalize.finalize(bundle, bundle.kernel(name), target))
 
-    times: dict[str, dict[str, list[float]]] = {n: {"source": [], "bundle": [], "in_process": []} for n in sources}
+    here = Compiler(flags)
+
+    def source_here(name: str) -> int:
+        module = here.parse(Path(sources[name]).read_bytes(), name=name)
+        return len(here.to_vmfb(module, from_phase="start", name=name, safe_indices=False))
+
+    times: dict[str, dict[str, list[float]]] = {n: {"source": [], "bundle": [], "in_process": [], "source_here": []} for n in sources}
     sizes: dict[str, dict[str, int]] = {n: {} for n in sources}
     starts = []
     with Pool(workers=1) as pool:
@@ -159,6 +176,7 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
             from_source(name)
             if in_process:
                 compile_here(name)
+                source_here(name)
         for _ in range(repeat):
             for name in sources:
                 start = time.perf_counter()
@@ -170,6 +188,9 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
                     start = time.perf_counter()
                     sizes[name]["in_process"] = compile_here(name)
                     times[name]["in_process"].append(time.perf_counter() - start)
+                    start = time.perf_counter()
+                    sizes[name]["source_here"] = source_here(name)
+                    times[name]["source_here"].append(time.perf_counter() - start)
     first = next(iter(sources))
     warm_first = statistics.median(times[first]["bundle"])
     rows = []
@@ -184,6 +205,7 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
         "flags": flags,
         "kernels": rows,
         "median_ratio": statistics.median(r["ratio"] for r in rows),
+        "iree_share": statistics.median(r["in_process_s"] / r["source_here_s"] for r in rows) if in_process else None,
         "worker_start_s": max(0.0, statistics.median(starts) - warm_first),
         "ok": all(all(size > 0 for size in r["sizes"].values()) for r in rows),
     }

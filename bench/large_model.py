@@ -6,20 +6,22 @@ Per size, an MLP-style ONNX model is generated (`portkern.examples.large_mlp`; 5
 with its weights in an ONNX external data file, smaller ones inline) and then, each step
 in a fresh child process:
     build: `portkern build` (peak memory of the build and its importer child, from getrusage);
-    cold:  empty cache; load + kernel() (checks the parameter chunks, finalises) + first call;
+    cold:  empty cache; load + kernel() (copies the bundle into the cache, checking its
+           parameter chunks; finalises) + first call;
            COLD_RUNS rounds over all sizes, the fastest finalisation of each size kept
            (finalisation is the worker's compile, from job sent to native code back; the
-           chunk check is timed apart, before it);
+           copy and chunk check are timed apart, before it);
     warm:  the cache filled by cold; load + kernel() + first call (nothing hashed, nothing
-           compiled), with the bundle file in the OS page cache (read through just before);
+           compiled), with the bundle file and portkern's copy of it in the OS page cache
+           (read through just before);
     numpy: the same forward pass in NumPy over the same weights, mapped from the bundle file
            (OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE unset): what one pass over the weights costs;
-    disk:  warm again, after the bundle file's pages were dropped from the page cache
+    disk:  warm again, after the pages of the bundle file and its copy were dropped from the page cache
            (posix_fadvise DONTNEED): the weights come from the disk during the first call.
 It prints the bundle size against the weights, the cache entry against the weights, cold
 finalisation time, the chunk check, the warm first results, build peak memory against the
 largest tensor, and the largest difference from NumPy (computed layer by layer here).
-Needs disk for the model and its bundle (about 2x the weights) under --workdir.
+Needs disk for the model, its bundle and portkern's copy of it (about 3x the weights) under --workdir.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from portkern.cache.repair import PARAMETERS
 from portkern.examples.large_mlp import reference, weight_bytes, write_mlp
 
 BATCH = 8
@@ -62,16 +65,18 @@ CHILD_RUN = textwrap.dedent(
     import json, os, sys, time
     import numpy as np
     import portkern
+    from portkern.cache.repair import PARAMETERS
     from portkern.cache.store import default_store
     from portkern.jit.runtime import runtime_config
     import portkern.jit.loader
     runtime_config("local-task")
     store = default_store()
     path, batch, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-    if sys.argv[5] == "evict":
-        fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+    if sys.argv[5] == "evict":  # the bundle and portkern's copy of it, which the kernel maps
+        for name in [path, *(store.directory / PARAMETERS).glob("*.pkb")]:
+            fd = os.open(name, os.O_RDONLY)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.close(fd)
     x = np.random.default_rng(1).standard_normal((batch, width), dtype=np.float32)
     start = time.perf_counter()
     loaded = portkern.load(path)
@@ -218,7 +223,8 @@ def finish(size: Size, fixed: int, keep: bool) -> dict:
     """The warm, NumPy and page-cache-dropped runs, and the size's figures."""
     where, widths, env = size.where, size.widths, size.env
     cold = min(size.colds, key=lambda run: run["finalize_s"])
-    read_through(where / "m.pkb")
+    for name in [where / "m.pkb", *(where / "cache").glob(f"*/{PARAMETERS}/*.pkb")]:  # the bundle and the copy mapped
+        read_through(name)
     warm = child(CHILD_RUN, *size.args, str(where / "warm.npy"), "keep", env=env)
     numpy_env = {k: v for k, v in env.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     numpy_pass = child(CHILD_NUMPY, str(where / "m.pkb"), json.dumps(widths), env=numpy_env)
@@ -305,7 +311,7 @@ def print_row(r: dict) -> None:
         f"= {r['build_peak_over_largest']:.2f}x largest tensor (above the {r['build_fixed_bytes'] / mb:.0f} MiB of a 1 MiB model's "
         f"build: {r['build_extra_over_largest']:.2f}x); cold: finalise {r['cold_finalize_s']:.2f} s "
         f"(best of {', '.join(f'{v:.2f}' for v in r['cold_finalize_runs_s'])}), "
-        f"chunk check {r['cold_check_s']:.2f} s, first result {r['cold_first_result_s']:.2f} s; warm ({r['warm_origin']}): "
+        f"copy and chunk check {r['cold_check_s']:.2f} s, first result {r['cold_first_result_s']:.2f} s; warm ({r['warm_origin']}): "
         f"check {r['warm_check_s'] * 1000:.1f} ms, callable after {r['warm_ready_s']:.3f} s, first result {r['warm_first_result_s']:.3f} s "
         f"(a second call: {r['warm_next_call_s']:.3f} s; NumPy's pass over the same mapped weights: {r['numpy_pass_s']:.3f} s, "
         f"then {r['numpy_next_pass_s']:.3f} s); page cache dropped: callable after {r['disk_ready_s']:.3f} s, first result "

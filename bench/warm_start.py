@@ -13,6 +13,11 @@ goal <= 30 ms), each further kernel's (goal <= 0.5 ms), and the whole process ag
 source process. `--short`: two kernels, five processes each (CI checks the results, and the
 whole-process ratio against twice README's figure: tests/test_benches.py).
 
+`--split`: where a warm process's first kernel goes: --repeat fresh warm processes run with
+`python -X importtime`; printed per module imported after `import portkern` (load + kernel() +
+first call), the least self time over the processes, beside the first kernel's whole time; what is
+not importing is the rest (reading and checking the bundle, the cache lookups, the runtime).
+
 `--per-kernel`: cold finalisation vs warm start per example kernel, each in a fresh process:
     cold: empty cache; portkern.load + bundle.kernel(name) + first call (finalises);
     warm: the cache filled by cold; the same three steps (loads native code).
@@ -66,6 +71,25 @@ CHILD = textwrap.dedent(
 )
 
 
+# `--split`: the first kernel of a warm process, everything else (NumPy, the inputs) imported and made before `import portkern`.
+SPLIT_CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    import numpy as np
+    path, names, shapes = sys.argv[1], sys.argv[2].split(","), json.loads(sys.argv[3])
+    m, k, n = shapes[names[0]]
+    rng = np.random.default_rng(0)
+    a, b, bias = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    import portkern
+    start = time.perf_counter()
+    out = portkern.load(path).kernel(names[0])(a, b, bias)
+    first = time.perf_counter() - start
+    ok = bool(np.allclose(out, np.maximum(a.astype(np.float64) @ b + bias, 0), rtol=1e-4, atol=1e-4))
+    print(json.dumps({"first_s": first, "ok": ok}))
+    """
+)
+
+
 def measure(bundle: Path, name: str, cache_dir: Path) -> dict:
     env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
     # Python's default: compiled modules are cached as .pyc (some sandboxes turn that off,
@@ -82,8 +106,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=11, help="seeds the kernels' sizes")
     parser.add_argument("--short", action="store_true", help="two kernels, five processes each (CI)")
     parser.add_argument("--per-kernel", action="store_true", help="cold finalisation vs warm start per example kernel")
+    parser.add_argument("--split", action="store_true", help="where the first kernel's time goes: imports per module, and the rest")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.split:
+        return split(args)
     if not args.per_kernel:
         return whole_processes(args)
     names = [k.name for k in load_manifest(MANIFEST).kernels]
@@ -118,17 +145,23 @@ def main() -> int:
     return 0
 
 
+def held_out(root: Path, count: int, seed: int) -> tuple[dict, list[str], Path, Path]:
+    """`count` held-out GEMMs written and built into one bundle under `root`: their shapes, names,
+    the bundle and the (still empty) cache directory."""
+    shapes = write_gemms(root, count, seed)
+    names = list(shapes)
+    (root / "manifest.yaml").write_text("\n".join(["bundle: held-out", "kernels:", *manifest_lines(names)]) + "\n")
+    bundle = root / "held-out.pkb"
+    build_file(root / "manifest.yaml", bundle)
+    return shapes, names, bundle, root / "cache"
+
+
 def whole_processes(args: argparse.Namespace) -> int:
     """The default bench (see the module docstring); non-zero when a result is wrong."""
     count, repeat = (2, 5) if args.short else (max(2, args.kernels), max(1, args.repeat))
     with tempfile.TemporaryDirectory(prefix="portkern-bench-warm-") as tmp:
         root = Path(tmp)
-        shapes = write_gemms(root, count, args.seed)
-        names = list(shapes)
-        (root / "manifest.yaml").write_text("\n".join(["bundle: held-out", "kernels:", *manifest_lines(names)]) + "\n")
-        bundle = root / "held-out.pkb"
-        build_file(root / "manifest.yaml", bundle)
-        cache = root / "cache"
+        shapes, names, bundle, cache = held_out(root, count, args.seed)
         filled = fill_cache(bundle, names, cache)
         warm, source = [], []
         for _ in range(repeat):  # alternating, so that a busy machine disturbs both alike
@@ -156,6 +189,63 @@ def whole_processes(args: argparse.Namespace) -> int:
         if not ok:
             print("FAILED: a result was wrong, or a warm process did not find its kernels cached")
     return 0 if ok else 1
+
+
+def split(args: argparse.Namespace) -> int:
+    """The `--split` report (see the module docstring)."""
+    count, repeat = max(2, args.kernels), max(1, args.repeat)
+    with tempfile.TemporaryDirectory(prefix="portkern-bench-warm-") as tmp:
+        root = Path(tmp)
+        shapes, names, bundle, cache = held_out(root, count, args.seed)
+        if not fill_cache(bundle, names, cache):
+            print("FAILED: the cache could not be filled")
+            return 1
+        env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        argv = [sys.executable, "-X", "importtime", "-c", SPLIT_CHILD, str(bundle), ",".join(names), json.dumps(shapes)]
+        subprocess.run(argv, env=env, capture_output=True, check=True)  # (the modules' .pyc written)
+        firsts: list[float] = []
+        selves: dict[str, list[float]] = {}
+        for _ in range(repeat):
+            done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
+            report = json.loads(done.stdout.strip().splitlines()[-1])
+            if not report["ok"]:
+                print("FAILED: a result was wrong")
+                return 1
+            firsts.append(report["first_s"] * 1e3)
+            for module, self_us in imported_after(done.stderr, "portkern"):
+                selves.setdefault(module, []).append(self_us / 1e3)
+    least = {module: min(times) for module, times in selves.items()}
+    imports = sum(least.values())
+    first = statistics.median(firsts)
+    if args.json:
+        json.dump({"processes": repeat, "first_kernel_ms": first, "imports_ms": imports, "modules_ms": least}, sys.stdout, indent=2)
+        print()
+        return 0
+    print(f"a warm process's first kernel (load + kernel() + first call), {repeat} fresh processes with -X importtime")
+    print(f"first kernel: {first:.1f} ms (median; -X importtime itself adds to it); imports in it: {imports:.1f} ms "
+          f"(each module's least self time) in {len(least)} modules; the rest: {first - imports:.1f} ms")
+    groups: dict[str, float] = {}
+    for module, ms in least.items():
+        group = module if module.startswith("portkern.") else module.split(".")[0]
+        groups[group] = groups.get(group, 0.0) + ms
+    for group, ms in sorted(groups.items(), key=lambda item: -item[1]):
+        print(f"  {ms:7.2f} ms  {group}")
+    return 0
+
+
+def imported_after(importtime: str, first: str) -> list[tuple[str, int]]:
+    """(module, self time in us) of each module `python -X importtime` reports after module `first`."""
+    found, seen = [], False
+    for line in importtime.splitlines():
+        parts = line.split("|")
+        if not line.startswith("import time:") or len(parts) != 3 or not parts[1].strip().isdigit():
+            continue
+        module = parts[2].strip()
+        if seen:
+            found.append((module, int(parts[0].split(":")[1])))
+        seen = seen or module == first
+    return found
 
 
 def fill_cache(bundle: Path, names: list[str], cache: Path) -> bool:

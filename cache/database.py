@@ -47,6 +47,15 @@ _DISKCACHE_TEXT = 3
 Value = bytes | str
 
 
+def identity(path: Path) -> tuple[int, int] | None:
+    """Which file is at `path` now (device and inode), or None."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def writable(directory: Path) -> bool:
     """Whether this process may create files in `directory` (false on a read-only mount, even for root).
     A directory that does not exist yet counts as writable: creating it is how a cache starts."""
@@ -81,11 +90,17 @@ class Database:
         if not read_only:
             self.directory.mkdir(parents=True, exist_ok=True)
             self._target = str(path)
+            # A database being made holds nothing to lose: its making waits for no disk flush.
+            made = not path.exists()
+            if made:
+                self.con.execute("PRAGMA synchronous = OFF")
             # These two take effect in a new database only: large pages for artifacts of megabytes,
             # and freed pages returned to the file system when entries are evicted.
             self._pragma("page_size", str(PAGE_SIZE), str(PAGE_SIZE))
             self._pragma("auto_vacuum", "1", "FULL")
             self._pragma("journal_mode", "wal", "WAL")
+            if made:
+                self.con.execute("PRAGMA synchronous = NORMAL")
             return
         if not path.is_file():
             raise FileNotFoundError(f"{path} does not exist")

@@ -1,7 +1,7 @@
 """What `verify` and `clear` do to the files of a cache directory, beside its database.
 
 A cache directory holds its database (`cache.db` and SQLite's `-wal` and `-shm`
-files), databases moved aside, build locks and prepared bundles, and, where an older
+files), databases moved aside, build locks, prepared bundles and copies of loaded ones, and, where an older
 release shares it, that release's value files (`ab/cd/<hex>.val`); `verify` removes
 anything else and stale lock files, `clear` everything.
 """
@@ -28,6 +28,8 @@ DAMAGED = f"{DATABASE}.damaged-"
 LOCKS = "locks"
 #: Bundles `portkern.onnx.prepare` built, kept for the same model (`<digest>.pkb`): not the database's.
 BUNDLES = "bundles"
+#: portkern's copies of large loaded bundles, mapped by processes (`<digest>.pkb`, `portkern.jit.parameters`).
+PARAMETERS = "parameters"
 
 
 @dataclass
@@ -48,7 +50,7 @@ def stray_files(directory: Path, keep: Collection[str] = ()) -> list[str]:
     """The names in the directory that are not part of the cache (what `verify` removes); `keep`:
     further names that are (the folders of an older release's value files)."""
     return [name for name in sorted(os.listdir(directory))
-            if name not in (*DATABASE_FILES, LOCKS, BUNDLES, *keep) and not name.startswith(DAMAGED)]
+            if name not in (*DATABASE_FILES, LOCKS, BUNDLES, PARAMETERS, *keep) and not name.startswith(DAMAGED)]
 
 
 def remove_path(path: Path) -> None:
@@ -91,15 +93,6 @@ def release_lock_file(path: str) -> None:
         os.unlink(path)
     except OSError:
         pass
-
-
-def identity(path: Path) -> tuple[int, int] | None:
-    """Which file is at `path` now (device and inode), or None."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return st.st_dev, st.st_ino
 
 
 def move_aside(directory: Path) -> Path:

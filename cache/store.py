@@ -43,24 +43,23 @@ import time
 import warnings
 import weakref
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, TypeVar
 
 from portkern.base import settings
 from portkern.base.errors import CacheError
-from portkern.cache import index, repair
+from portkern.cache import index
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
-from portkern.cache.database import Database, writable
+from portkern.cache.database import DATABASE, Database, identity, writable
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.entry import CorruptRecordError, Entry
 from portkern.cache.hits import HitLog, Pending
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
-from portkern.cache.repair import Finding
 
 if TYPE_CHECKING:
     from portkern.cache.remote import RemoteCache
+    from portkern.cache.repair import Finding
 
 _T = TypeVar("_T")
 
@@ -128,23 +127,23 @@ def _row_entry(row: index.Row) -> Entry:
                  created=row.created, last_used=row.last_used, hits=row.hits)
 
 
-@dataclass(eq=False)
 class _Layer:
     """One cache directory and this process's connection to it."""
 
-    directory: Path
-    db: Database | None = None
-    identity: tuple[int, int] | None = None
-    broken: str | None = None
-    moved_aside: bool = False
-    read_only: bool = False
-    #: Why a directory this process may write is only read (its open for writing failed: a full disk).
-    refused: str | None = None
-    #: Failed opens in a row, and lookups left until the next try (0: none pending).
-    failures: int = 0
-    retry_in: int = 0
-    warned: bool = False
-    write_warned: bool = False
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.db: Database | None = None
+        self.identity: tuple[int, int] | None = None
+        self.broken: str | None = None
+        self.moved_aside = False
+        self.read_only = False
+        #: Why a directory this process may write is only read (its open for writing failed: a full disk).
+        self.refused: str | None = None
+        #: Failed opens in a row, and lookups left until the next try (0: none pending).
+        self.failures = 0
+        self.retry_in = 0
+        self.warned = False
+        self.write_warned = False
 
     @property
     def state(self) -> str:
@@ -201,13 +200,13 @@ class Store:
         `layer.identity` (a database another process replaces during the open is opened again)."""
         for _ in range(3):
             db = self._connect_once(layer)
-            if layer.identity == repair.identity(layer.directory / repair.DATABASE):
+            if layer.identity == identity(layer.directory / DATABASE):
                 return db
             db.close()  # cleared or moved aside while it was opened: which file it opened is unknown
         return self._connect_once(layer)
 
     def _connect_once(self, layer: _Layer) -> Database:
-        seen = repair.identity(layer.directory / repair.DATABASE)
+        seen = identity(layer.directory / DATABASE)
         layer.read_only = not writable(layer.directory)
         layer.refused = None
         if layer.read_only:
@@ -225,7 +224,7 @@ class Store:
                     if not self._installed(db):
                         self._install(db)
             self._adopt(db)
-            now = repair.identity(layer.directory / repair.DATABASE)
+            now = identity(layer.directory / DATABASE)
             layer.identity = now if seen is None or now == seen else None  # None: replaced during the open
         except BaseException:
             db.close()
@@ -272,7 +271,7 @@ class Store:
     def _read_instead(self, layer: _Layer, exc: BaseException) -> Database:
         """A directory that cannot be opened for writing (a full disk), opened to read its entries;
         `exc` again when it cannot be read either."""
-        if not (layer.directory / repair.DATABASE).is_file():
+        if not (layer.directory / DATABASE).is_file():
             raise exc
         try:
             db = Database(layer.directory, read_only=True)
@@ -301,10 +300,10 @@ class Store:
             if layer.retry_in == 0:
                 self._close_connection(layer)
                 layer.broken = None
-        if layer.db is not None and repair.identity(layer.directory / repair.DATABASE) != layer.identity:
+        if layer.db is not None and identity(layer.directory / DATABASE) != layer.identity:
             self._close_connection(layer)  # cleared or moved aside by another process: open the new one
         if layer.db is None and layer.broken is None:
-            before = repair.identity(layer.directory / repair.DATABASE)
+            before = identity(layer.directory / DATABASE)
             try:
                 layer.db = self._connect(layer)
             except Exception as exc:  # noqa: BLE001 - any cache failure degrades, never fails
@@ -341,9 +340,11 @@ class Store:
             return False
         layer.moved_aside = True
         self._close_connection(layer)
-        database = layer.directory / repair.DATABASE
-        if repair.identity(database) != seen:
+        database = layer.directory / DATABASE
+        if identity(database) != seen:
             return True  # another process already replaced it
+        from portkern.cache import repair  # (verify, clear and damage only: not on a lookup's path)
+
         try:
             aside = repair.move_aside(layer.directory)
         except OSError as error:
@@ -636,6 +637,9 @@ class Store:
         """Check rows against files and files against rows, decode every record, re-hash every
         artifact, remove stale locks; remove (or re-index) what is inconsistent and return it.
         Only the directory new entries go to: a read-only one cannot be repaired."""
+        from portkern.cache import repair
+        from portkern.cache.repair import Finding
+
         self.flush()
         findings: list[Finding] = []
         writer = self._writer(warn=False)
@@ -653,6 +657,9 @@ class Store:
 
     def _verify_structure(self, db: Database, findings: list[Finding]) -> None:
         """Records, index and files agree (under the write lock, so no write is half done)."""
+        from portkern.cache import repair
+        from portkern.cache.repair import Finding
+
         con = db.con
         self._adopt(db)  # what an older release sharing the directory changed is no damage
         with db.transact():
@@ -687,6 +694,8 @@ class Store:
         lock; what looks bad is checked again under it before it is removed, so an entry being
         written or replaced meanwhile stays). Without `fix` (a read-only directory), only reported."""
         con = db.con
+        from portkern.cache.repair import Finding
+
         unfixed = "" if fix else f"; not removed: {db.directory} is read-only"
         for row in index.rows(con):
             found = self._load(db, row.key)
@@ -714,6 +723,8 @@ class Store:
         digest. Returns how many artifacts were removed. Only the directory new entries go to (or,
         when none can be opened, the first one this process may write): a read-only one stays as it
         is. `CacheError` when no directory can be written, or when files were left behind."""
+        from portkern.cache import repair
+
         if device is not None:
             return self._clear_device(device)
         self._hits.take()
@@ -928,6 +939,8 @@ class Store:
         try:
             from filelock import FileLock
 
+            from portkern.cache import repair
+
             locks = layer.directory / repair.LOCKS
             locks.mkdir(exist_ok=True)
             return _tolerant(FileLock(str(locks / f"{key[:32]}.lock"), timeout=timeout))
@@ -974,8 +987,19 @@ def _tolerant(lock: Any) -> Iterator[None]:
         yield
     finally:
         if lock.lock_counter == 1:
+            from portkern.cache import repair
+
             repair.release_lock_file(lock.lock_file)
         lock.release()
+
+
+def __getattr__(name: str) -> Any:
+    """`Finding` (what `verify` reports), loaded with `cache.repair` when first asked for."""
+    if name == "Finding":
+        from portkern.cache.repair import Finding
+
+        return Finding
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 _live: "weakref.WeakSet[Store]" = weakref.WeakSet()

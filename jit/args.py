@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import sys
 import warnings
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence, cast
 
 import numpy as np
 
@@ -116,8 +115,7 @@ def exact_arguments(expected: StaticInputs, args: Sequence[Any]) -> list[np.ndar
     return list(args)
 
 
-@dataclass(frozen=True)
-class BoundLaunch:
+class BoundLaunch(NamedTuple):
     """A launch description bound to the caller's arrays."""
 
     #: Symbol values read from the input shapes.

@@ -3,7 +3,11 @@
 When `kernel()` serves code built for an ISA level or an older CPU model (origin
 "baseline"), a `Specialisation` asks the native-code service, on a thread of its own,
 for the code of the exact target: a worker of the one pool compiles it and the cache
-keeps it. When it is ready the kernel switches executables between two calls.
+keeps it. When it is ready the kernel switches executables between two calls. Its setup
+(the pool's module, the process's shared pool, a worker's start) begins when the kernel's
+first call has returned, or when the kernel is waited for, so that the caller's first result
+does not share the interpreter with it, and a process that never calls the kernel starts no
+worker.
 `PORTKERN_BACKGROUND=0` turns this off (`kernel()` then finalises before it returns).
 
 At exit, pending specialisations are abandoned: the pool's workers are killed (no
@@ -19,13 +23,10 @@ import atexit
 import logging
 import os
 import threading
-from typing import TYPE_CHECKING, Callable, Generic, TypeVar
+from typing import Callable, Generic, Protocol, TypeVar
 
 from portkern.base import settings
 from portkern.base.errors import FinalizeError, PortkernError
-
-if TYPE_CHECKING:  # the worker pool's module is loaded when something compiles
-    from portkern.jit.workers import Pool
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +35,38 @@ ENV = settings.BACKGROUND
 T = TypeVar("T")
 
 
+class Pool(Protocol):
+    """What this module needs of a worker pool (`jit.workers.Pool`, which calls `abandon` at exit)."""
+
+    def stop_now(self) -> None: ...
+
+
 class Specialisation(Generic[T]):
     """`work()` on a thread of its own, then `install(result)` unless the process is exiting."""
 
-    def __init__(self, name: str, pool: Pool, work: Callable[[], T], install: Callable[[T], None]) -> None:
+    def __init__(self, name: str, pool: Callable[[], Pool], work: Callable[[], T], install: Callable[[T], None]) -> None:
+        """`pool()`: the pool `work` compiles on, asked for on the thread before `work` runs."""
         self.name = name
         #: The typed error that stopped it, if any (the kernel then keeps its baseline).
         self.error: PortkernError | None = None
-        self._pool = pool
+        self._pool: Pool | None = None
         self._pid = os.getpid()
         self._finished = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(work, install), name=f"portkern-specialise-{name}", daemon=True)
+        self._go = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(pool, work, install), name=f"portkern-specialise-{name}", daemon=True)
         _watch(self)
         self._thread.start()
 
-    def _run(self, work: Callable[[], T], install: Callable[[T], None]) -> None:
+    def _run(self, pool: Callable[[], Pool], work: Callable[[], T], install: Callable[[T], None]) -> None:
         try:
+            self._go.wait()
+            if _exiting.is_set():
+                return
+            found = pool()
+            with _lock:  # `abandon` either sees this pool or is seen here
+                if _exiting.is_set():
+                    return
+                self._pool = found
             result = work()
             if not _exiting.is_set():
                 install(result)
@@ -69,10 +86,15 @@ class Specialisation(Generic[T]):
         """Finished (installed, or failed with `error`) in this process."""
         return self._pid == os.getpid() and self._finished.is_set()
 
+    def start(self) -> None:
+        """Let the build begin (the kernel's first call has returned)."""
+        self._go.set()
+
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until it has finished; False on timeout, and at once in a forked child."""
         if self._pid != os.getpid():
             return False
+        self._go.set()
         return self._finished.wait(timeout)
 
 
@@ -84,18 +106,20 @@ _exiting = threading.Event()
 def _watch(job: Specialisation) -> None:
     with _lock:
         _pending.add(job)
-    # Registered (again) after the job's pool registered its own exit handler, so it runs before it.
-    atexit.unregister(_abandon)
-    atexit.register(_abandon)
 
 
-def _abandon() -> None:
+def abandon() -> None:
     """At exit: nothing pending is installed any more, and its workers are killed; its threads
-    are not waited for (each may be waiting on a lock or a worker)."""
+    are not waited for (each may be waiting on a lock or a worker). Run by whichever exit handler
+    comes first, this module's or the worker pools' (`jit.workers`), so that no job stopped there
+    counts as a failure here."""
     _exiting.set()
     with _lock:
-        pending = [job for job in _pending if job._pid == os.getpid()]
-    for pool in {id(job._pool): job._pool for job in pending}.values():
+        mine = [job for job in _pending if job._pid == os.getpid()]
+    for job in mine:  # a build not begun returns at once
+        job._go.set()
+    pools = [job._pool for job in mine if job._pool is not None]
+    for pool in {id(pool): pool for pool in pools}.values():
         pool.stop_now()
 
 
@@ -106,3 +130,4 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+atexit.register(abandon)

@@ -27,7 +27,18 @@ CONFIGURED_PHASE = "executable-configurations"
 #: Module options a kernel config may name ahead of its dispatch entries (`data-tiling;3=cpu:...`),
 #: with the compiler flags each adds. They act before the flow phase (data tiling sets operand
 #: encodings when dispatches are formed), so code with them is built from the kernel's source stage.
-MODULE_OPTIONS = {"data-tiling": ("--iree-opt-data-tiling",)}
+MODULE_OPTIONS = {
+    # IREE's optimisation level (default O0): global optimisation, dispatch creation (aggressive
+    # fusion) and codegen; O3 compiled to the same code as O2 on every example kernel
+    "O2": ("--iree-opt-level=O2",),
+    "data-tiling": ("--iree-opt-data-tiling",),
+    # attention as matmul, softmax and matmul dispatches (preprocessing) instead of one fused
+    # `online_attention` dispatch
+    "attention-decomposed": (
+        "--iree-preprocessing-pass-pipeline=builtin.module(util.func("
+        "iree-linalg-ext-convert-attention-to-online-attention,iree-linalg-ext-decompose-attention))",
+    ),
+}
 #: The drivers whose targets take module options (CPU code).
 OPTION_DRIVERS = ("local-task", "local-sync")
 
@@ -36,11 +47,15 @@ _compilers: dict[tuple[str, ...], Compiler] = {}
 
 
 def compiler_for(target: Target) -> Compiler:
-    """The process's compiler session for a target's flags."""
+    """The process's compiler session for a target's flags, after the builder's own
+    (`portable.lower.BUILD_FLAGS`: they act before the flow phase, so a source stage lowered here
+    reaches the flow stage the builder would have written, and a flow stage is unaffected)."""
+    from portkern.portable.lower import BUILD_FLAGS
+
     with _lock:
         if target.flags not in _compilers:
             try:
-                _compilers[target.flags] = Compiler(target.flags)
+                _compilers[target.flags] = Compiler(BUILD_FLAGS + target.flags)
             except CompileError as exc:
                 raise FinalizeError(f"{target.label}: {exc}") from None
         return _compilers[target.flags]

@@ -240,7 +240,7 @@ class LoadedBundle:
             baseline = self._baseline(record, target)
             if baseline is not None:  # a cold device: tune in the background
                 kernel = Kernel(record, target, baseline, self._executable(record, target, baseline), None, self._bucket_table(record, target))
-                kernel._specialise(self.pool, lambda: self._final(record, target, tune))
+                kernel._specialise(lambda: self.pool, lambda: self._final(record, target, tune))
                 return kernel
         plan, native, tuning = self._resolve(record, target, tune, baselines=later)
         buckets = None
@@ -260,7 +260,7 @@ class LoadedBundle:
             executable = self._executable(record, target, native)
         kernel = Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets, describe(plan.stage))
         if native.origin == "baseline":
-            kernel._specialise(self.pool, lambda: self._final(record, target, tune))
+            kernel._specialise(lambda: self.pool, lambda: self._final(record, target, tune))
         return kernel
 
     def _resolve(self, record: KernelRecord, target: Target, tune: str | None, baselines: bool) -> tuple:
@@ -403,8 +403,8 @@ class Kernel:
         self._unchecked = unchecked(record)
 
     def _specialise(self, pool, build) -> None:
-        """Run `build()` -> (native, executable, tuning) on `pool`'s side in the background and
-        switch to its code when it is ready (unless the kernel is gone by then)."""
+        """Run `build()` -> (native, executable, tuning) on `pool()`'s side in the background (the
+        pool taken there) and switch to its code when it is ready (unless the kernel is gone by then)."""
         # The thread holds the kernel weakly: one abandoned at exit keeps no runtime object alive.
         kernel = weakref.ref(self)
         from portkern.jit import background
@@ -483,6 +483,8 @@ class Kernel:
             _, _, code = buckets.pick(contract, self.buckets, self.name, [a.shape for a in arrays])
             executable = code[1] if code is not None else executable
         results = [as_declared(r, spec.dtype) for r, spec in zip(executable(*arrays), self.signature.results)]
+        if self.specialisation is not None:  # the exact code's build begins after the first result
+            self.specialisation.start()
         wrap = result_wrapper(args)
         if wrap is not None:
             tensors = [wrap(r) for r in results]

@@ -190,7 +190,7 @@ class NativeCode:
         return shared_pool()
 
     def parameters_for(self, record: KernelRecord) -> KernelParameters | None:
-        """The kernel's parameters, mapped from the bundle file and checked (None: it has none)."""
+        """The kernel's parameters, read or mapped (`jit.parameters`) and checked (None: it has none)."""
         if not record.parameters:
             return None
         if self._section is None:

@@ -1,95 +1,90 @@
-"""A bundle's parameter section on the device: held by this process, checked before use.
+"""A bundle's parameter section on the device: bytes no other program changes while a process
+computes with them, checked before use.
 
 A bundle file of at most `READ_LIMIT` bytes is read whole into this process's memory when a
-kernel first needs its parameters; a larger one is memory-mapped read-only, once per opened
-bundle. The IREE runtime reads each parameter from that memory (`portkern.jit.runtime`). Before
-a kernel's first executable is made, the chunks holding its parameters are hashed (a file read
-whole: the bytes read), unless this cache remembers that chunk as checked for the same file
-(path, device, inode, size, mtime and ctime, and the section's root): a warm start of a 5 GB
-bundle hashes nothing. A chunk that does not match raises `DigestMismatchError`; nothing is
-remembered from it. A mapped kernel's parameters are then read ahead (`MADV_WILLNEED`), so
-that a first call after the file left the page cache reads it from the disk in order rather
-than a page at a time.
+kernel first needs its parameters. A larger one is memory-mapped, not from the path it was
+loaded from but from portkern's own copy of that file: `parameters/<bundle digest>.pkb` in a
+cache directory, made once per bundle and mapped by every later process that loads a bundle
+with that digest, from any path. The copy is made from the file opened at `load`, under the
+cache's cross-process lock: written under a temporary name a chunk at a time
+(`os.copy_file_range`, which shares the blocks where the file system can), each chunk hashed
+from the copy, then made durable and read-only and renamed into place; the cache remembers it as
+checked whole for its identity (path, device, inode, size, mtime). A copy is mapped only when
+its identity is the one remembered: any other is made again. Where no copy can be kept (no
+writable cache directory, the cache disabled, no room for it on its file system, a failed
+write), the file is read into this process's memory whole instead, and that is logged.
 
-A file replaced by renaming another over its path (as `portkern build` writes) changes
-nothing for a bundle already loaded: it keeps the file it opened at `load`. A file changed in place
-(written into, truncated) would change a mapping under the runtime: wrong results from the
-new bytes, or SIGBUS from a page cut off. A private mapping would not help: on Linux it shows
-the file's changes on every page it has not written, and truncation removes even the pages it
-copied. So a mapped file's size and modification time (of the file opened at `load`: its inode
-stays the same) are checked when a kernel's parameters are taken from it and before and after
-each call (`KernelParameters.unchanged`); a change raises `BundleChangedError`, and a call
-during which the file changed returns no result. What remains for a mapped file: a truncation
-while a call runs faults the process, and a same-size write within the file system's timestamp
-granularity of the file's previous modification goes unseen. A file read whole is immune to both.
+So a bundle written into, truncated or zero-filled at its path after `load` cannot change
+the parameters of a bundle loaded from it: its kernels keep computing with the bundle loaded.
+A file changed after `load` and before its parameters were first read or copied is refused
+(`BundleChangedError`: another bundle now, or changed while it was read; `BundleTruncatedError`;
+`DigestMismatchError`).
+
+Before a kernel's first executable is made, the chunks holding its parameters are hashed in the
+memory read, unless this cache remembers them as checked for the same file (path, device,
+inode, size, mtime and ctime, and the section's root); a copy's chunks were all hashed as it was
+made, so a warm start of a 5 GB bundle hashes nothing. A chunk that does not match raises
+`DigestMismatchError`; nothing is remembered from it. A mapped kernel's parameters are then read
+ahead (`MADV_WILLNEED`), so that a first call after the copy left the page cache reads it from
+the disk in order rather than a page at a time.
+
+Each use of a copy stamps its access time (at most once per `STAMP_S`); when a copy is made,
+copies not used for `UNUSED_S` and partial copies of processes that are gone are removed, and
+`portkern cache clear` removes them all (a process with a copy mapped keeps its bytes).
 """
 
 from __future__ import annotations
 
-import contextlib
+import errno
 import io
+import logging
 import mmap
 import os
+import shutil
+import stat
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, ContextManager, cast
+from typing import BinaryIO, cast
 
-from portkern.base.errors import BundleChangedError, BundleError
+from portkern.base.errors import BundleChangedError, BundleError, BundleTruncatedError
 from portkern.base.framing import HEADER_SIZE
 from portkern.cache.keys import parameters_key
+from portkern.cache.repair import PARAMETERS
+from portkern.cache.scratch import alive
 from portkern.cache.store import Store
 from portkern.portable.bundle import Bundle, KernelRecord
 from portkern.portable.parameters import Parameter, ParameterSection, check_file_size, verify_chunks
 
+log = logging.getLogger(__name__)
+
 #: Store record kind of the memo "these chunks of this file were checked".
 RECORD_KIND = "w"
-#: A bundle file of at most this many bytes is read into memory whole; a larger one is mapped.
+#: A bundle file of at most this many bytes is read into memory whole; a larger one is mapped
+#: from portkern's copy of it.
 READ_LIMIT = 4 << 20
-#: Nothing to check around a call on parameters read into memory.
-_NOTHING = contextlib.nullcontext()
-
-
-class Watch:
-    """A mapped bundle file's size and modification time as they were checked: `check` (and
-    `with watch:`, before and after) raises BundleChangedError once the file was written into or
-    truncated. (The open file is the same inode for good: a rename over its path leaves it be.)"""
-
-    __slots__ = ("file", "fd", "path", "size", "mtime_ns")
-
-    def __init__(self, file: io.BufferedReader, path: Path, st: os.stat_result) -> None:
-        self.file = file
-        self.fd = file.fileno()
-        self.path = path
-        self.size = st.st_size
-        self.mtime_ns = st.st_mtime_ns
-
-    def check(self) -> None:
-        st = os.fstat(self.fd)
-        if st.st_size != self.size or st.st_mtime_ns != self.mtime_ns:
-            raise BundleChangedError(
-                f"{self.path}: the bundle file was changed in place (written into or truncated) while loaded; "
-                "its parameters are not used: load it again, and replace a bundle in use by renaming a new file over it"
-            )
-
-    def __enter__(self) -> None:
-        self.check()
-
-    def __exit__(self, *exc: object) -> None:
-        self.check()
+#: A copy is made only where its file system keeps this many bytes free beside it.
+SPARE_BYTES = 1 << 30
+#: A copy not used for this many seconds is removed when another copy is made in its folder.
+UNUSED_S = 7 * 86400.0
+#: A copy's access time is stamped when it is used and older than this many seconds.
+STAMP_S = 3600.0
+#: Bytes copied at a time where the file system cannot copy between files itself.
+COPY_PIECE = 8 << 20
+#: Where `os.copy_file_range` refuses a pair of files: copy through this process's memory.
+_PLAIN_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ETXTBSY}
 
 
 @dataclass(frozen=True)
 class KernelParameters:
-    """One kernel's parameters, in the memory that holds its bundle file: what the runtime needs."""
+    """One kernel's parameters, in memory no other program writes: what the runtime needs."""
 
-    #: The whole bundle file, read into memory or mapped read-only (parameters lie at
-    #: `section.offset + p.offset`).
+    #: The whole bundle file, read into memory or mapped read-only from portkern's copy
+    #: (parameters lie at `section.offset + p.offset`).
     buffer: mmap.mmap
     section: ParameterSection
     entries: tuple[Parameter, ...]
-    #: The mapped file's identity (None: the file was read into memory whole).
-    watch: Watch | None = None
 
     def scopes(self) -> dict[str, list[tuple[str, int, int]]]:
         """Per scope: (name, file offset, size) of each parameter."""
@@ -98,10 +93,18 @@ class KernelParameters:
             found.setdefault(p.scope, []).append((p.name, self.section.offset + p.offset, p.size))
         return found
 
-    def unchanged(self) -> ContextManager[None]:
-        """What a call on these parameters runs inside: BundleChangedError before it when the
-        mapped file has changed, and after it (its results dropped) when it changed meanwhile."""
-        return self.watch if self.watch is not None else _NOTHING
+
+def copy_folders(store: Store) -> tuple[list[Path], Path | None]:
+    """The folders copies are looked up in (each usable cache directory's `parameters/`, in
+    lookup order) and the one new copies go to (None when no cache directory is writable)."""
+    usable = [place for place in store.places() if place["state"] != "not usable"]
+    writable = next((Path(p["directory"]) / PARAMETERS for p in usable if p["state"] == "writable"), None)
+    return [Path(p["directory"]) / PARAMETERS for p in usable], writable
+
+
+def copy_key(path: Path, st: os.stat_result, root: str) -> str:
+    """The memo key of a copy: its identity less ctime (which stamping its use changes)."""
+    return parameters_key(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, 0, root)
 
 
 class MappedSection:
@@ -121,17 +124,16 @@ class MappedSection:
         except OSError as exc:
             raise BundleError(f"{path}: cannot read the parameter section: {exc.strerror or exc}") from None
         self._buffer: mmap.mmap | None = None
-        self._watch: Watch | None = None
+        #: Whether `_buffer` maps portkern's copy (else: the file read into memory).
+        self._mapped = False
         self._identity = ""
         self._checked: set[int] = set()
         self._failed: BundleError | None = None
 
-    def _open(self) -> mmap.mmap:
-        """The file's bytes in memory: read or mapped on first use, recalling which chunks were
-        checked before; BundleChangedError once a mapped file was changed in place."""
+    def _open(self, where: str) -> mmap.mmap:
+        """The file's bytes in memory no other program writes, on first use: portkern's copy
+        mapped, else the file read; the chunks checked before recalled."""
         if self._buffer is not None:
-            if self._watch is not None:
-                self._watch.check()
             return self._buffer
         if self._failed is not None:
             raise type(self._failed)(str(self._failed))
@@ -141,25 +143,28 @@ class MappedSection:
         try:
             st = os.fstat(f.fileno())
             check_file_size(self.section, st.st_size, f"{self.path}: ")
-            if st.st_size <= READ_LIMIT:
-                buffer, watch = self._read(f, st), None
+            self._same_bundle(os.pread(f.fileno(), 32, HEADER_SIZE - 32))
+            kept = self._kept(f, st, where) if st.st_size > READ_LIMIT else None
+            if kept is not None:
+                (buffer, self._identity), self._mapped = kept, True
             else:
-                watch = Watch(f, self.path, st)
-                buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-                watch.check()  # the file mapped is the file whose size was checked
-            self._same_bundle(buffer)
+                buffer = self._read(f, st)
+                self._identity = parameters_key(
+                    str(self.path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, self.section.root
+                )
         except (OSError, BundleError) as exc:
-            f.close()
             failed = exc if isinstance(exc, BundleError) else BundleError(f"{self.path}: cannot read the parameter section: {exc.strerror or exc}")
             self._failed = failed  # and every later use fails the same way (the file is closed)
             raise failed from None
-        except BaseException:
-            f.close()
+        except BaseException:  # interrupted (KeyboardInterrupt): the file is closed
+            self._failed = BundleError(f"{self.path}: reading the parameter section was interrupted: load it again")
             raise
-        if watch is None:
+        finally:
             f.close()
-        self._buffer, self._watch = buffer, watch
-        self._identity = parameters_key(str(self.path.resolve()), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, self.section.root)
+        self._buffer = buffer
+        if self._mapped:  # a copy is mapped only when checked whole
+            self._checked = set(range(len(self.section.chunks)))
+            return buffer
         remembered = self.store.get_record(RECORD_KIND, self._identity) or {}
         chunks = remembered.get("chunks", [])
         if isinstance(chunks, list):
@@ -180,34 +185,133 @@ class MappedSection:
                 done += count
         finally:
             view.release()
-        after = os.fstat(f.fileno())
-        if done < st.st_size or (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+        if done < st.st_size or _changed(f.fileno(), st):
             raise BundleChangedError(f"{self.path}: the bundle file was changed in place while its parameter section was read: load it again")
         return buffer
 
-    def _same_bundle(self, buffer: mmap.mmap) -> None:
-        """Refuse a file whose header is another bundle's than the one loaded (replaced since
-        `load` read it): its section is not the one the loaded metadata describes."""
-        if self.bundle.digest and buffer[HEADER_SIZE - 32 : HEADER_SIZE].hex() != self.bundle.digest:
+    def _same_bundle(self, digest: bytes) -> None:
+        """Refuse a file whose header (its payload digest) is another bundle's than the one loaded
+        (written over since `load` read it): its section is not the one the loaded metadata describes."""
+        if self.bundle.digest and digest.hex() != self.bundle.digest:
             raise BundleChangedError(f"{self.path}: the file now holds another bundle than the one loaded from it: load it again")
+
+    # --- portkern's copy ------------------------------------------------------------
+
+    def _kept(self, f: io.BufferedReader, st: os.stat_result, where: str) -> tuple[mmap.mmap, str] | None:
+        """portkern's checked copy of the file, mapped (found, or made now from `f`), and its memo
+        key; None where no copy can be kept."""
+        digest = self.bundle.digest
+        if not digest:
+            return None
+        name = f"{digest}.pkb"
+        folders, writable = copy_folders(self.store)
+        for folder in folders:
+            found = self._checked_copy(folder / name)
+            if found is not None:
+                return found
+        size = _size_text(st.st_size)
+        if writable is None:
+            log.warning("%s: its parameters (%s) are read into this process's memory: no cache directory is writable for a copy", self.path, size)
+            return None
+        with self.store.lock(f"parameters-{digest}"[:32]):
+            found = self._checked_copy(writable / name)  # made meanwhile by another process
+            if found is not None:
+                return found
+            try:
+                writable.mkdir(parents=True, exist_ok=True)
+                sweep(writable, self.store)
+                free = shutil.disk_usage(writable).free
+                if free < st.st_size + SPARE_BYTES:
+                    log.warning("%s: its parameters (%s) are read into this process's memory: %s has %s free, too little for a copy",
+                                self.path, size, writable, _size_text(free))
+                    return None
+                return self._copy(f, st, writable / name, where)
+            except OSError as exc:
+                log.warning("%s: its parameters (%s) are read into this process's memory: no copy could be made in %s (%s)",
+                            self.path, size, writable, exc.strerror or exc)
+                return None
+
+    def _checked_copy(self, path: Path) -> tuple[mmap.mmap, str] | None:
+        """The copy at `path` mapped, when it is the file this cache remembers as checked whole."""
+        try:
+            file = open(path, "rb", buffering=0)
+        except OSError:
+            return None
+        with file:
+            st = os.fstat(file.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size != self.section.end:
+                return None
+            key = copy_key(path, st, self.section.root)
+            remembered = self.store.get_record(RECORD_KIND, key) or {}
+            if remembered.get("chunks") != list(range(len(self.section.chunks))):
+                return None
+            try:
+                buffer = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+            except OSError:
+                return None
+            if buffer[HEADER_SIZE - 32 : HEADER_SIZE].hex() != self.bundle.digest:
+                buffer.close()
+                return None
+            if time.time_ns() - st.st_atime_ns > STAMP_S * 1e9:
+                try:  # through the open file: a copy renamed over the path since keeps its times
+                    os.utime(file.fileno(), ns=(time.time_ns(), st.st_mtime_ns))
+                except OSError:  # another user's copy: not stamped
+                    pass
+        return buffer, key
+
+    def _copy(self, f: io.BufferedReader, st: os.stat_result, target: Path, where: str) -> tuple[mmap.mmap, str]:
+        """Copy the file opened at `load` to `target` (whole or not at all), each chunk checked
+        in the copy; the copy mapped, and its memo key (recorded as checked whole)."""
+        started = time.monotonic()
+        part = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.part")
+        out = open(os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "r+b", buffering=0)
+        try:
+            try:
+                _copy_range(f.fileno(), out.fileno(), 0, self.section.offset)
+                for index in range(len(self.section.chunks)):
+                    _copy_range(f.fileno(), out.fileno(), *self.section.chunk_span(index))
+                    verify_chunks(cast(BinaryIO, out), self.section, [index], where)
+            except BundleError:
+                if _changed(f.fileno(), st):
+                    raise BundleChangedError(f"{self.path}: the bundle file was changed in place while its parameters were copied: load it again") from None
+                raise
+            if _changed(f.fileno(), st):
+                raise BundleChangedError(f"{self.path}: the bundle file was changed in place while its parameters were copied: load it again")
+            os.fsync(out.fileno())
+            os.fchmod(out.fileno(), 0o444)
+            os.replace(part, target)
+            made = os.fstat(out.fileno())
+            buffer = mmap.mmap(out.fileno(), 0, access=mmap.ACCESS_READ)
+        except BaseException:
+            try:
+                part.unlink()
+            except OSError:
+                pass
+            raise
+        finally:
+            out.close()
+        key = copy_key(target, made, self.section.root)
+        forget(self.store, {str(target)})  # the copy this one replaced, if any
+        self.store.put_record(RECORD_KIND, key, {"chunks": list(range(len(self.section.chunks))), "path": str(target)})
+        log.debug("%s: parameters copied to %s and checked (%s, %.2f s)", self.path, target, _size_text(made.st_size), time.monotonic() - started)
+        return buffer, key
+
+    # --- kernels ------------------------------------------------------------------------
 
     def for_kernel(self, record: KernelRecord) -> KernelParameters:
         """The kernel's parameters, their chunks checked (hashed now, or remembered as checked)."""
+        where = f"{self.path}: kernel {record.name!r}: "
         with self._lock:
-            buffer = self._open()
+            buffer = self._open(where)
             needed = [c for c in self.section.chunks_of(record.parameters) if c not in self._checked]
             if needed:
-                # A mapped file is hashed through reads (a truncated file is short, not a fault), then
-                # its identity checked; a file read whole is hashed in the memory the runtime reads.
-                source = self._watch.file if self._watch is not None else cast(BinaryIO, buffer)
-                verify_chunks(source, self.section, needed, f"{self.path}: kernel {record.name!r}: ")
-                if self._watch is not None:
-                    self._watch.check()
+                # hashed in the memory the runtime reads
+                verify_chunks(cast(BinaryIO, buffer), self.section, needed, where)
                 self._checked.update(needed)
                 self.store.put_record(RECORD_KIND, self._identity, {"chunks": sorted(self._checked), "path": str(self.path)})
-            if self._watch is not None:
+            if self._mapped:
                 self._prefetch(record, buffer)
-            return KernelParameters(buffer, self.section, record.parameters, self._watch)
+            return KernelParameters(buffer, self.section, record.parameters)
 
     def _prefetch(self, record: KernelRecord, buffer: mmap.mmap) -> None:
         """Ask the OS to read the kernel's parameters ahead, in the background: a call touches
@@ -221,3 +325,72 @@ class MappedSection:
             buffer.madvise(mmap.MADV_WILLNEED, start, end - start)
         except OSError:  # a hint only
             pass
+
+
+def sweep(folder: Path, store: Store) -> list[Path]:
+    """Remove the partial copies of processes that are gone and the copies not used for
+    `UNUSED_S` (and what the cache remembers of them); the paths removed."""
+    removed: list[Path] = []
+    now = time.time()
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:
+        return removed
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if entry.name.endswith(".part"):
+                pid = entry.name.split(".")[-3]
+                if not (pid.isdigit() and not alive(int(pid))):
+                    continue
+            elif not (entry.name.endswith(".pkb") and now - entry.stat(follow_symlinks=False).st_atime > UNUSED_S):
+                continue
+            path.unlink()
+        except (OSError, IndexError):
+            continue
+        removed.append(path)
+    forget(store, {str(path) for path in removed if path.suffix == ".pkb"})
+    return removed
+
+
+def forget(store: Store, paths: set[str]) -> None:
+    """Delete what the cache remembers as checked for the files at these paths."""
+    if paths:
+        for key, record in list(store.records(RECORD_KIND)):
+            if record.get("path") in paths:
+                store.delete_record(RECORD_KIND, key)
+
+
+def _changed(fd: int, st: os.stat_result) -> bool:
+    """Whether the open file's size or modification time is no longer `st`'s."""
+    now = os.fstat(fd)
+    return (now.st_size, now.st_mtime_ns) != (st.st_size, st.st_mtime_ns)
+
+
+def _copy_range(source: int, target: int, offset: int, length: int) -> None:
+    """Copy bytes [offset, offset + length) of one open file to the same place in another (by the
+    file system where it can); BundleTruncatedError when the source ends first."""
+    end = offset + length
+    plain = not hasattr(os, "copy_file_range")
+    while offset < end:
+        count = 0
+        if not plain:
+            try:
+                count = os.copy_file_range(source, target, end - offset, offset, offset)
+            except OSError as exc:
+                if exc.errno not in _PLAIN_COPY:
+                    raise
+                plain = True
+        if plain:
+            piece = os.pread(source, min(COPY_PIECE, end - offset), offset)
+            count = len(piece)
+            written = 0
+            while written < count:
+                written += os.pwrite(target, memoryview(piece)[written:], offset + written)
+        if not count:
+            raise BundleTruncatedError(f"the bundle file ends at byte {offset}, inside its parameter section")
+        offset += count
+
+
+def _size_text(size: int) -> str:
+    return f"{size / (1 << 30):.1f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):.1f} MiB"

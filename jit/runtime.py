@@ -28,7 +28,6 @@ import atexit
 import contextlib
 import ctypes
 import os
-import signal
 import threading
 import weakref
 from typing import TYPE_CHECKING, Iterator
@@ -204,8 +203,8 @@ class _Loaded:
 
 
 def _parameters_module(rt, instance, parameters: "KernelParameters"):
-    """IREE's io-parameters module serving a kernel's parameters from the mapped bundle file
-    (one provider per scope; nothing is copied here)."""
+    """IREE's io-parameters module serving a kernel's parameters from the bundle's bytes in
+    memory (`jit.parameters`: portkern's mapped copy, or the file read; one provider per scope; nothing is copied here)."""
     handle = rt.FileHandle.wrap_memory(parameters.buffer, readable=True, writable=False)
     scopes = parameters.scopes()
     providers = []
@@ -219,14 +218,12 @@ def _parameters_module(rt, instance, parameters: "KernelParameters"):
 
 class Executable:
     """A loaded vmfb whose entry function takes and returns NumPy arrays; `parameters`: the
-    named parameters (weights) it reads, from their mapped bundle file."""
+    named parameters (weights) it reads, from their bundle's bytes in memory."""
 
     def __init__(self, vmfb: bytes, entry: str, driver: str = "local-task", parameters: "KernelParameters | None" = None) -> None:
         self.entry = entry
         self.driver = driver
         self.parameters = parameters
-        #: Entered around each call: BundleChangedError when a mapped parameter file changed in place.
-        self._unchanged = parameters.unchanged() if parameters is not None else contextlib.nullcontext()
         self._vmfb = vmfb
         self._loaded: dict[str, _Loaded] = {}
         #: Calls whose arguments total this many bytes or more run on the task executor.
@@ -258,7 +255,7 @@ class Executable:
 
         A Ctrl-C during the call is raised as KeyboardInterrupt once the call returns.
         """
-        with _process.calls, self._unchanged:
+        with _process.calls:
             return self._invoke(self._load(self.driver), arrays)
 
     def _invoke(self, loaded: _Loaded, arrays):
@@ -280,7 +277,7 @@ class Executable:
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """Run on NumPy arrays (or device arrays from `upload`); the results as NumPy arrays."""
-        with _process.calls, self._unchanged:
+        with _process.calls:
             loaded = self._load(self.driver_for(arrays))
             if loaded.call is not None and all(type(array) is np.ndarray for array in arrays):
                 return loaded.call(arrays)
@@ -312,6 +309,8 @@ def interrupts_deferred() -> Iterator[None]:
     threads (and a handler installed outside Python, which could not be put
     back) run the body as it is.
     """
+    import signal  # (calls through `iree.runtime`'s conversion only: a NumPy call on the CPU never needs it)
+
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
         yield
         return

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Protocol
 
 from portkern.base.errors import FinalizeError
 from portkern.jit.target import Target
-from portkern.portable import index_safety
 from portkern.portable.bundle import Bundle, KernelRecord, Stage
 from portkern.portable.producer import installed_compiler, installed_runtime
 from portkern.portable.source import readable_stage
@@ -65,8 +64,12 @@ class IreeToolchain:
         if stage is None:
             raise FinalizeError(f"kernel {record.name!r}: config {config[:200]!r} is built from the kernel's source stage, "
                                 "and its bundle has none (built with --no-source)")
+        if not stage.is_source:
+            return stage, target.identity
+        from portkern.portable import index_safety  # (the compiler's side: loaded for a source stage)
+
         # code compiled from a source stage went through this portkern's index-safety rewrite
-        return stage, target.identity + ((index_safety.REWRITE,) if stage.is_source else ())
+        return stage, target.identity + (index_safety.REWRITE,)
 
     @staticmethod
     def _options(config: str) -> tuple[str, ...]:

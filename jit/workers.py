@@ -40,7 +40,7 @@ from typing import IO, Any, Callable, Iterable
 from portkern.base import errors, settings
 from portkern.base.errors import FinalizeError, PortkernError, brief
 from portkern.cache import scratch
-from portkern.jit import handlers
+from portkern.jit import background, handlers
 from portkern.jit.target import Target
 from portkern.jit.worker import read_frame, write_frame
 
@@ -543,6 +543,7 @@ def _stop_at_exit() -> None:
     """At exit: every pool's workers killed and reaped, and none started again."""
     global _exiting
     _exiting = True
+    background.abandon()  # first: a background build whose job is stopped below is abandoned, not failed
     for pool in list(_pools):
         if pool._pid == os.getpid():
             pool.stop_now()

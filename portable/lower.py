@@ -28,8 +28,12 @@ from portkern.portable.torch_import import import_torch
 PORTABLE_PHASE = "flow"
 
 #: Flags of the compiler session that lowers sources: f64 stays f64 (by default IREE demotes it
-#: to f32 and changes the entry function's signature under the caller).
-BUILD_FLAGS = ("--iree-input-demote-f64-to-f32=false",)
+#: to f32 and changes the entry function's signature under the caller); convolutions become
+#: im2col and a matmul (global optimisation, before the flow stage; kernels without a
+#: convolution lower to the same stage), which IREE's CPU code runs far faster than its direct
+#: convolutions (docs/torch.md, "Convolutions").
+IM2COL_FLAGS = ("--iree-global-opt-use-im2col-for-convs",)
+BUILD_FLAGS = ("--iree-input-demote-f64-to-f32=false", *IM2COL_FLAGS)
 
 #: Large ONNX files (`onnx_parameters.is_large`; at this opset or newer) are imported without the
 #: importer's in-memory checker and shape inference, which copy the whole model two or three times.

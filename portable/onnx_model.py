@@ -43,11 +43,94 @@ def as_kernel(model: Any, name: str) -> Any:
 def prepare(model: Any) -> bool:
     """The one preparation of an ONNX model for IREE's importer, in place, whichever way it came in
     (a manifest's `.onnx` source, `portkern.onnx.prepare`): legacy per-channel PRelu slopes made
-    explicit (`channel_slopes`) and asymmetric MaxPool padding made an explicit Pad (`explicit_pool_pads`).
+    explicit (`channel_slopes`), asymmetric MaxPool padding made an explicit Pad (`explicit_pool_pads`),
+    Constant values named (`named_constants`) and shape arithmetic on constants computed (`fold_shape_constants`).
     Whether it changed the model."""
     slopes = channel_slopes(model)
     pads = explicit_pool_pads(model)
-    return slopes or pads
+    named = named_constants(model)
+    folded = fold_shape_constants(model)
+    return slopes or pads or named or folded > 0
+
+
+#: Operators of shape arithmetic that `fold_shape_constants` computes when every input is a constant.
+SHAPE_ARITHMETIC = frozenset({
+    "Add", "And", "Cast", "Concat", "ConstantOfShape", "Div", "Equal", "Gather", "Greater", "Less", "Mul",
+    "Not", "Or", "Range", "Reshape", "Shape", "Slice", "Squeeze", "Sub", "Unsqueeze", "Where",
+})
+#: Constants of at most this many elements take part in `fold_shape_constants`.
+SHAPE_CONSTANT_ELEMENTS = 64
+
+
+def fold_shape_constants(model: Any) -> int:
+    """Each node of shape arithmetic (`SHAPE_ARITHMETIC`) whose inputs are all small constants and
+    whose outputs are small integer or boolean tensors replaced, in place, by Constant nodes of its
+    outputs as onnx's reference computes them. torch's TorchScript exporter writes an `expand` to
+    `[-1, ...]` as `Where(Equal(shape, -1), ConstantOfShape(...), shape)` over constants, which
+    onnx's shape inference does not follow: the expanded value, and what follows it, is then typed
+    with unknown dimensions that IREE's `Reshape` lowering does not take back to known ones (GPT-2's
+    causal mask). How many nodes were replaced."""
+    import math
+
+    import numpy as np
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    graph = model.graph
+    overridable = {v.name for v in graph.input}  # an initializer that is also an input may be fed (IR < 4)
+    kept = {o.name for o in graph.output}
+    constants: dict[str, Any] = {}
+    for tensor in graph.initializer:
+        if tensor.name not in overridable and math.prod(tensor.dims) <= SHAPE_CONSTANT_ELEMENTS and not tensor.external_data:
+            constants[tensor.name] = numpy_helper.to_array(tensor)
+    nodes, folded = [], 0
+    for node in graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
+            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+            if value is not None and math.prod(value.dims) <= SHAPE_CONSTANT_ELEMENTS:
+                constants[node.output[0]] = numpy_helper.to_array(value)
+        outputs = None
+        if (
+            node.op_type in SHAPE_ARITHMETIC and node.domain in ("", "ai.onnx") and node.input
+            and all(not name or name in constants for name in node.input) and not kept.intersection(node.output)
+        ):
+            single = helper.make_graph(
+                [node], "fold", [], [helper.make_tensor_value_info(o, 0, None) for o in node.output],
+                [numpy_helper.from_array(np.asarray(constants[name]), name) for name in dict.fromkeys(node.input) if name],
+            )
+            try:
+                outputs = ReferenceEvaluator(helper.make_model(single, opset_imports=model.opset_import)).run(None, {})
+            except Exception:  # noqa: BLE001 - a node onnx's reference cannot compute stays as it is
+                outputs = None
+        if outputs is None or not all(
+            isinstance(o, np.ndarray) and o.dtype.kind in "iub" and o.size <= SHAPE_CONSTANT_ELEMENTS for o in outputs
+        ):
+            nodes.append(node)
+            continue
+        for name, value in zip(node.output, outputs):
+            constants[name] = value
+            nodes.append(helper.make_node("Constant", [], [name], value=numpy_helper.from_array(value, name)))
+        folded += 1
+    if folded:
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return folded
+
+
+def named_constants(model: Any) -> bool:
+    """Each Constant node's unnamed value tensor named after the node's output, in place: IREE's
+    importer makes a large one a parameter named after the tensor, and an empty name after a random
+    one (`torch.onnx.export(..., dynamo=False)` writes such Constants, BERT's position ids).
+    Whether one was named."""
+    changed = False
+    for node in model.graph.node:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.output or not node.output[0]:
+            continue
+        for attribute in node.attribute:
+            if attribute.name == "value" and attribute.HasField("t") and not attribute.t.name:
+                attribute.t.name = node.output[0]
+                changed = True
+    return changed
 
 
 def channel_slopes(model: Any) -> bool:

@@ -23,7 +23,6 @@ process that loads the bundle).
 
 from __future__ import annotations
 
-import tempfile
 import zlib
 from dataclasses import replace
 from pathlib import Path
@@ -173,6 +172,8 @@ def source_text(stage: Stage, data: bytes, name: str) -> bytes:
     if stage.format == MLIR_TEXT:
         return inflate(stage, data, name)
     parameters = parameter_initializers(stage, data, name)
+    import tempfile  # (in the worker that imports the source stage)
+
     with tempfile.TemporaryDirectory(prefix="portkern-source-") as tmp:
         path = Path(tmp) / "model.onnx"
         path.write_bytes(data)

@@ -4,7 +4,8 @@ The import runs in its own process (`python -m portkern.portable.torch_import MO
 which needs torch and iree-turbine (`pip install 'portkern[torch]'`); the build process and
 the device need neither. It loads the ExportedProgram (an output type it names, such as
 transformers' `ModelOutput` classes, registered by importing the module that defines it),
-decomposes it as iree-turbine decomposes a module it exports itself, marks every tensor of its state
+decomposes it as iree-turbine decomposes a module it exports itself, rewrites the boolean ops IREE's
+torch input conversion does not take (an all-true fill `&`-ed into a mask, `aten.__and__`), marks every tensor of its state
 (parameters, buffers, constants) as an external parameter `"model"::<state-dict name>`,
 exports it with iree-turbine (dynamic dimensions kept), and writes `model.mlir`,
 `weights.bin` (the tensors' raw bytes, one after another) and `weights.json` (name, offset,
@@ -64,6 +65,22 @@ def import_torch(path: Path, kernel: str, workdir: Path) -> tuple[bytes, tuple[P
 #: aten ops (their default overloads) taken apart with torch's core decompositions before import:
 #: iree-turbine's importer has no lowering for them (aten.diff: transformers' attention masks).
 _FROM_CORE = ("diff",)
+
+#: aten ops that make a tensor of one value -> where that value is: ("value", it) or ("arg", its index).
+#: A boolean one imports as an i1 `torch.vtensor.literal`, which IREE's torch input conversion does
+#: not legalize; transformers' causal masks start from `new_ones(..., dtype=torch.bool)` and `&` it
+#: with the comparisons that make the mask.
+_FILLS: dict[str, tuple[str, Any]] = {
+    "new_ones": ("value", True), "ones": ("value", True), "new_zeros": ("value", False), "zeros": ("value", False),
+    "full": ("arg", 1), "new_full": ("arg", 2), "scalar_tensor": ("arg", 0),
+}
+#: Boolean ops `x (op) fill` that give `x` where the fill is all this value and `x` has the result's shape.
+_IDENTITIES = {
+    "__and__.Tensor": True, "bitwise_and.Tensor": True, "logical_and.default": True,
+    "__or__.Tensor": False, "bitwise_or.Tensor": False, "logical_or.default": False,
+}
+#: aten ops IREE's torch input conversion does not legalize -> the op they are (same overloads).
+_RENAMED = {"__and__": "bitwise_and", "__or__": "bitwise_or", "__xor__": "bitwise_xor"}
 
 #: torch.export.load's message for an output type whose pytree registration is not in this process.
 _UNREGISTERED = re.compile(r"Deserializing (\S+) in pytree is not registered")
@@ -126,6 +143,65 @@ def _load(model: Path) -> Any:
             logger.removeHandler(causes)
 
 
+def _fold_boolean_fills(program: Any) -> int:
+    """Take out of `program`'s graph, in place, each use of a boolean fill (`_FILLS`) that leaves
+    the other operand as it is (`_IDENTITIES`: `all-true & x` is `x`), and the fill when nothing
+    else uses it; how many uses were taken out."""
+    import torch
+
+    aten = torch.ops.aten
+    fills = {getattr(getattr(aten, name), o): where for name, where in _FILLS.items() for o in getattr(aten, name).overloads()}
+    identities = {getattr(getattr(aten, op.split(".")[0]), op.split(".")[1]): keeps for op, keeps in _IDENTITIES.items()}
+
+    def fill_value(node: Any) -> bool | None:
+        value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+        if node.op != "call_function" or node.target not in fills or not isinstance(value, torch.Tensor) or value.dtype != torch.bool:
+            return None
+        kind, where = fills[node.target]
+        if kind == "value":
+            return bool(where)
+        held = node.args[where] if len(node.args) > where else None
+        return bool(held) if isinstance(held, (bool, int, float)) else None
+
+    graph = program.graph_module.graph
+    folded = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in identities or len(node.args) != 2:
+            continue
+        result = node.meta.get("val")
+        for fill, other in (node.args, node.args[::-1]):
+            kept = other.meta.get("val") if isinstance(other, torch.fx.Node) else None
+            if (
+                isinstance(fill, torch.fx.Node) and fill_value(fill) is identities[node.target]
+                and isinstance(kept, torch.Tensor) and isinstance(result, torch.Tensor)
+                and kept.dtype == result.dtype == torch.bool and kept.shape == result.shape
+            ):
+                node.replace_all_uses_with(other)
+                graph.erase_node(node)
+                if not fill.users:
+                    graph.erase_node(fill)
+                folded += 1
+                break
+    return folded
+
+
+def _rename(program: Any) -> int:
+    """Call each op of `_RENAMED` in `program`'s graph by the name IREE takes, in place; how many."""
+    import torch
+
+    aten = torch.ops.aten
+    renamed = {
+        getattr(getattr(aten, old), o): getattr(getattr(aten, new), o)
+        for old, new in _RENAMED.items() for o in getattr(aten, old).overloads() if o in getattr(aten, new).overloads()
+    }
+    count = 0
+    for node in program.graph_module.graph.nodes:
+        if node.op == "call_function" and node.target in renamed:
+            node.target = renamed[node.target]
+            count += 1
+    return count
+
+
 def _export(model: Path, out: Path) -> None:
     """In the import process: export the program and write its MLIR and weights."""
     import torch
@@ -140,6 +216,9 @@ def _export(model: Path, out: Path) -> None:
     core = torch.export.default_decompositions()
     table.update({op: core[op] for op in (getattr(torch.ops.aten, name).default for name in _FROM_CORE) if op in core})
     program = _load(model).run_decompositions(table)
+    if _fold_boolean_fills(program) + _rename(program):
+        program.graph_module.graph.lint()
+        program.graph_module.recompile()
     tensors = {**program.state_dict, **program.constants}
     for name, tensor in tensors.items():
         if isinstance(tensor, torch.Tensor):

@@ -128,7 +128,12 @@ EXIT_PENDING = textwrap.dedent(
     from portkern.cache.store import Store
     from pathlib import Path
     from portkern.jit.workers import shared_pool
+    import numpy as np
+    from portkern.examples.reference import EXAMPLES
     kernel = portkern.load(sys.argv[1], store=Store(CacheConfig(Path(sys.argv[2]), 1 << 30, False))).kernel("gemm_bias_relu")
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(np.random.default_rng(0))
+    np.testing.assert_allclose(kernel(*inputs), example.reference(*inputs)[0], example.rtol, example.atol)
     pool = shared_pool()  # the specialisation's: a bundle's compiles run on the process's pool
     for _ in range(6000):
         if pool.pids or kernel.specialisation.done:

@@ -1,9 +1,8 @@
 """A seeded sample of the architecture corpus (bench/export_corpus.py runs all of it): small
-random-weight transformers models exported the ways users export them (`torch.onnx.export` with
-dynamo=True, `torch.export.save`'s `.pt2` with a transformers `ModelOutput` as its output), built
-through portkern, each in a fresh process, and compared with eager PyTorch. (GPT-2's `.pt2` is
-refused by IREE's torch input conversion, and the TorchScript exporter fails on transformers 5
-models: docs/export-corpus.md.)"""
+random-weight models (transformers' and a MobileNetV3) exported the ways users export them
+(`torch.onnx.export` with and without dynamo, `torch.export.save`'s `.pt2` with a transformers
+`ModelOutput` as its output), built through portkern, each in a fresh process, and compared with
+eager PyTorch. (What is refused, and why: docs/export-corpus.md.)"""
 
 from __future__ import annotations
 
@@ -28,6 +27,10 @@ SAMPLE = [
     ("bert-tiny", "pt2", "manifest"),  # a transformers ModelOutput registered in the import process
     ("resnet-tiny", "pt2", "manifest"),  # in-place ReLU and batch norm
     ("resnet-tiny", "onnx-ts", "manifest"),  # torch.onnx.export(..., dynamo=False), TorchScript
+    ("bert-tiny", "onnx-ts", "manifest"),  # called by keyword; Constant nodes with unnamed large values
+    ("gpt2-tiny", "pt2", "manifest"),  # a causal mask from a boolean new_ones and aten.__and__
+    ("gpt2-tiny", "onnx-ts", "prepare"),  # two inputs; an expand's shape computed from constants
+    ("mobilenetv3-tiny", "pt2", "manifest"),  # hardswish, hardsigmoid, squeeze-excitation
 ]
 
 

@@ -121,3 +121,26 @@ def test_a_transformer_layer_tunes_every_dispatch_or_says_why_not(tmp_path, stor
     assert any("attention" in d.name for d in dispatches)
     assert all(d.source in ("search", "db") or d.note for d in dispatches)  # searched, or a stated reason
     np.testing.assert_allclose(kernel(x).numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)
+
+
+class CausalMask(torch.nn.Module):
+    """Scores masked as transformers makes a causal mask: an all-true boolean `new_ones` `&`-ed
+    with the position comparisons (a boolean literal and `aten.__and__`, which IREE's torch input
+    conversion does not take as they are)."""
+
+    def forward(self, scores):
+        n = scores.shape[-1]
+        rows = torch.arange(n).view(n, 1)
+        cols = torch.arange(n).view(1, n)
+        allowed = rows.new_ones((), dtype=torch.bool) & (cols <= rows)
+        allowed = allowed & (rows >= 0) | (cols > n)
+        return scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+
+
+def test_a_boolean_mask_program_builds_and_matches_torch(tmp_path, store):
+    scores = torch.randn(2, 8, 8)
+    torch.export.save(torch.export.export(CausalMask(), (scores,)), str(tmp_path / "mask.pt2"))
+    path = one_kernel_bundle(tmp_path, "mask.pt2", "mask")
+    out = portkern.load(path, store=store).kernel("mask")(scores)
+    np.testing.assert_allclose(out.numpy(), CausalMask()(scores).numpy(), rtol=RTOL, atol=ATOL)
+    assert (out.numpy()[:, 0, 1:] == 0).all() and (out.numpy()[:, -1] > 0).all()  # the mask both cuts and passes

@@ -73,9 +73,11 @@ def test_second_tune_of_the_same_problem_is_served_from_the_db(examples_bundle, 
     source = (MANIFEST.parent / "gemm_bias_relu.mlir").read_text().replace("@gemm_bias_relu", "@renamed")
     (tmp_path / "renamed.mlir").write_text(source)
     (tmp_path / "manifest.yaml").write_text("bundle: other\nkernels:\n  - name: renamed\n    source: renamed.mlir\n")
-    build_file(tmp_path / "manifest.yaml", tmp_path / "other.pkb")
+    # without source stages no module options are tried (they are chosen per kernel): only per-dispatch results
+    build_file(tmp_path / "manifest.yaml", tmp_path / "other.pkb", source=False)
+    build_file(MANIFEST, tmp_path / "first.pkb", source=False)
     target = devices.resolve("cpu", store)
-    first_bundle, other_bundle = portkern.load(examples_bundle, store=store), portkern.load(tmp_path / "other.pkb", store=store)
+    first_bundle, other_bundle = portkern.load(tmp_path / "first.pkb", store=store), portkern.load(tmp_path / "other.pkb", store=store)
     with Tuner() as tuner:
         first = tuner.tune(first_bundle.natives, first_bundle.record("gemm_bias_relu"), target, "quick", budget=2)
         assert first.source == "search" and first.dispatches[0].evaluated == 2
@@ -121,9 +123,11 @@ def test_export_import_carries_tuning_results(examples_bundle, store, tmp_path, 
     with Tuner() as tuner:
         tuned = tuner.tune(bundle.natives, bundle.record("gemm_rowsum"), target, "quick", budget=1)
     report = transfer.export(store, tmp_path / "fleet.pkx")
-    assert report.records == 2  # the kernel's selection and its tuned dispatch's result
+    # the kernel's selection, its module-options decision and each searched dispatch's result
+    records = 2 + sum(d.source == "search" for d in tuned.dispatches)
+    assert report.records == records
     other = Store(CacheConfig(tmp_path / "other-cache", 1 << 30, False))
-    assert transfer.import_(other, tmp_path / "fleet.pkx", allow_unsigned=True).records == 2
+    assert transfer.import_(other, tmp_path / "fleet.pkx", allow_unsigned=True).records == records
     elsewhere = portkern.load(examples_bundle, store=other)
     with Tuner() as tuner:
         again = tuner.tune(elsewhere.natives, elsewhere.record("gemm_rowsum"), target, "quick", budget=1)
@@ -209,10 +213,13 @@ def test_cli_tune(examples_bundle, tmp_path, capsys):
     assert status == 0 and output["json_format"] == 1 and output["ok"] is True and output["errors"] == []
     (report,) = output["kernels"]
     assert report["kernel"] == "gemm_rowsum" and report["source"] == "search" and report["strategy"] == "quick"
-    first, second = report["dispatches"]
-    assert first["evaluated"] == 1 and first["source"] == "search" and first["default_s"] > 0
-    assert first["complete"] is False and "budget" in first["note"]  # --budget 1 cut the quick list short
-    assert second["source"] == "skipped" and second["note"]
+    # --budget 1: one module-option variant (data tiling) timed whole, then one candidate per searched
+    # dispatch of the module chosen; the kernel is marked cut short
+    assert report["complete"] is False and "module options timed whole" in report["note"]
+    assert "data-tiling" in {e["config"] for e in report["evaluations"]}
+    for d in report["dispatches"]:
+        assert d["complete"] is False
+        assert d["evaluated"] <= 1 and d["default_s"] > 0 if d["source"] == "search" else d["note"]
     status, output = cli_json(capsys, *argv)  # the same limited request: the incomplete result answers it
     assert status == 0 and output["kernels"][0]["source"] == "selection"
     assert main(["tune", str(examples_bundle), "--kernel", "gemm_rowsum", "--budget", "1", "--cache-dir", str(tmp_path)]) == 0

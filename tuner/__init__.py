@@ -13,7 +13,9 @@
 - `search`, `strategies`: budgets and the strategies that drive a search;
 - `results`, `session`: reports, and `tune_kernel` (results are stored in the tuning DB,
   `portkern.cache.tuning`);
-- `jobs`: the tuner's work in the worker processes (handlers it registers with `portkern.jit.handlers`).
+- `jobs`: the tuner's work in the worker processes (handlers it registers with `portkern.jit.handlers`);
+- `profile`: each dispatch of a kernel timed alone (`portkern profile`); `report`: a tuning run as
+  one HTML page (`portkern tune --report`).
 
 Compiling runs in the worker pool of `portkern.jit.workers`, shared with finalisation.
 

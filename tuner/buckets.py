@@ -12,6 +12,10 @@ by rule:
 - for the bucket's other sizes, the dynamic module with the tuned config if it
   beats the dynamic default by `min_gain`, else the dynamic default.
 
+"Beats" means in every one of `REPEATS` interleaved timings of the three in the
+same run (`verdict`): a win that one burst of load made is not kept, so a
+bucket's tuned code is never kept where it is not faster than its default.
+
 Compile times of both are reported (each is compiled once and then cached).
 The decisions are stored per bucket in the tuning DB
 (`cache.tuning.TuningDB.put_buckets`), where the loader finds them.
@@ -33,6 +37,31 @@ from portkern.tuner.measure import Bench, make_inputs
 
 #: One shape to tune for: one shape per argument, or argument name/index -> shape.
 Shapes = Sequence[Sequence[int]] | Mapping[str, Sequence[int]]
+#: Interleaved timings of a bucket's dynamic default and tuned code, each of which tuned code must win.
+REPEATS = 3
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a bucket keeps: `specialised` code for its exact sizes, the `tuned` dynamic config for its others."""
+
+    specialised: bool
+    tuned: bool
+
+
+def verdict(repeats: Sequence[Sequence[float | None]], min_gain: float) -> Verdict:
+    """A bucket's choice from its timings: per repeat (interleaved, side by side, one run), seconds
+    of the dynamic default, the specialised code and the dynamic module with the tuned config (None:
+    not built). Tuned code is kept only where it beats the default by `min_gain` in every repeat."""
+
+    def wins(column: int) -> bool:
+        for r in repeats:
+            default, tuned = r[0], r[column] if len(r) > column else None
+            if default is None or tuned is None or not tuned < default * (1 - min_gain):
+                return False
+        return bool(repeats)
+
+    return Verdict(wins(1), wins(2))
 
 
 @dataclass
@@ -162,11 +191,13 @@ def _tune_bucket(natives: NativeCode, record, target, strategy, values, label, t
         except PortkernError as exc:
             note = f"the tuned config does not fit the dynamic module ({one_line(exc, limit=300)}); "
     bench = Bench(record.entry, target.driver, make_inputs(special.signature), natives.parameters_for(record))
-    timings = [t.min_s for t in bench.interleaved([bench.load(v) for v in vmfbs])]
-    dynamic_s, special_s = timings[0], timings[1]
-    bucket_s = timings[2] if len(timings) > 2 else None
-    wins = special_s < dynamic_s * (1 - min_gain)
-    bucket_wins = bucket_s is not None and bucket_s < dynamic_s * (1 - min_gain)
+    executables = [bench.load(v) for v in vmfbs]
+    repeats: list[list[float | None]] = [[t.min_s for t in bench.interleaved(executables)] for _ in range(REPEATS)]
+    chosen = verdict(repeats, min_gain)
+    wins, bucket_wins = chosen.specialised, chosen.tuned
+    # the times reported: each one's best over the repeats
+    dynamic_s, special_s = (min(r[i] or float("inf") for r in repeats) for i in (0, 1))
+    bucket_s = min(r[2] or float("inf") for r in repeats) if len(vmfbs) > 2 else None
     if bucket_wins:
         natives.put_native(record, target, tuned.config, vmfbs[2], bucket_compile_s or 0.0, bucket_s)
     note += (

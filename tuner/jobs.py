@@ -24,6 +24,22 @@ def stamp(module, config: str, context):
     return analysis.stamp(module, kernel_config.parse(config), context)
 
 
+def profile_dispatches(module) -> list[dict]:
+    """The dispatches of a module at `executable-configurations` with their places and benchmark
+    functions (`tuner.profile`; an "analyse" job naming this handler)."""
+    from portkern.tuner.profile import benchmarked_dispatches
+
+    return benchmarked_dispatches(module)
+
+
+def dispatch_benchmark(module, config: str, context):
+    """IREE's benchmark module of one dispatch, `config` being "<index>;<kernel config>"
+    (`tuner.profile`; a "compile" job naming this handler compiles it)."""
+    from portkern.tuner.profile import benchmark_module
+
+    return benchmark_module(module, config, context)
+
+
 def register() -> None:
     """Have the workers read dispatches and stamp kernel configs with this module's handlers."""
     handlers.register(handlers.ANALYSE, f"{__name__}:dispatches")

@@ -4,7 +4,7 @@
 `<dispatch>=<perf config>` entries joined by `;`, ordered by dispatch index,
 e.g. `0=cpu:v1:64x64x0,8x32x0,0x0x4;1=cpu:v1:32x0,8x0,0x32`. A dispatch not
 listed keeps the compiler's default. Module options (`jit.finalize.MODULE_OPTIONS`,
-e.g. `data-tiling`) come first, in that table's order: `data-tiling;3=cpu:v1:...`
+e.g. `O2`, `data-tiling`) come first, in that table's order: `O2;data-tiling;3=cpu:v1:...`
 (dispatch indices then count the dispatches of the module compiled with them).
 This string is part of native-code cache keys and of the per-kernel selection
 the loader reads.

@@ -2,8 +2,11 @@
 
 `tune_kernel` answers from the tuning DB when it can (this kernel's stored
 selection, else stored results for each of its dispatches' problems) and
-searches otherwise: for each dispatch the strategy picks, in turn, with the
-dispatches before it fixed at their winners. A dispatch's winner must beat
+searches otherwise: first the module options the kernel compiles with (an
+optimisation level, data tiling, attention decomposed: `OPTION_VARIANTS`, timed
+whole against the default), then, in the module compiled with the winner, each
+dispatch the strategy picks, in turn, with the dispatches before it fixed at
+their winners. A dispatch's winner must beat
 its default by `MIN_GAIN` when the finalists are re-timed side by side on the
 deployed driver, else the default stays. The kernel config chosen is checked
 once more as a whole against the default's outputs, stored as the kernel's
@@ -29,13 +32,13 @@ from portkern.base.errors import (
 from portkern.cache import keys, metrics
 from portkern.cache.store import UNUSABLE
 from portkern.cache.tuning import TuningDB
-from portkern.jit.finalize import CONFIGURED_PHASE, MODULE_OPTIONS, OPTION_DRIVERS
+from portkern.jit.finalize import CONFIGURED_PHASE, OPTION_DRIVERS
 from portkern.jit.native import NativeCode, check_toolchain, compiler_id, selection_problem
 from portkern.jit.target import Target
 from portkern.jit.toolchain import toolchain_for
 from portkern.jit.workers import Pool, Source, cores, shared_pool
 from portkern.portable.bundle import KernelRecord
-from portkern.tuner import analysis, jobs, kernel_config, perfconfig, registry, strategies
+from portkern.tuner import jobs, kernel_config, perfconfig, registry, strategies
 from portkern.tuner.buckets import tune_shapes
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.evaluate import Evaluator, IreeCandidates
@@ -49,9 +52,18 @@ from portkern.tuner.search import Budget, Progress, Search
 MIN_GAIN = 0.03
 #: Best candidates per ranking driver that are re-timed side by side with the default.
 FINALISTS = 3
-#: Module options are tried on kernels with a dispatch whose root op's name holds this (data
-#: tiling changes matmuls: IREE 3.13's data-tiled op set).
-OPTION_ROOT = "matmul"
+#: Module-option variants (names in `jit.finalize.MODULE_OPTIONS`) a kernel is timed with whole
+#: before its tile search, in the order tried (a budget takes the first ones), each with what the
+#: root op name of a dispatch the strategy tunes must hold for it to apply ("": any). Measured on the
+#: examples (docs/tuning.md, "Module options"): what never won is not listed.
+OPTION_VARIANTS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("attention-decomposed",), "attention"),
+    (("data-tiling",), "matmul"),
+    (("data-tiling", "attention-decomposed"), "attention"),
+    (("O2",), ""),
+    (("O2", "data-tiling"), "matmul"),
+    (("O2", "attention-decomposed"), "attention"),
+)
 
 
 class Tuner:
@@ -188,6 +200,8 @@ class _Run:
     def __init__(self, tuner: Tuner, natives: NativeCode, record: KernelRecord, target: Target, module, db: TuningDB,
                  budget: int | None, time_limit: float | None, retune: bool, progress) -> None:
         self.natives, self.record, self.target, self.module, self.db = natives, record, target, module, db
+        #: Seconds a worker took to configure the kernel (part of what trying a module option costs).
+        self.analyse_s = 0.0
         self.budget = budget if budget is not None else module.BUDGET.evaluations
         #: A request with its own budget or time limit: incomplete stored results of its strategy answer it.
         self.limited = budget is not None or time_limit is not None
@@ -200,7 +214,9 @@ class _Run:
             self.found, candidates = family.kernel_tuning(natives, record, target)
         else:
             # a worker configures the module (fitted to the target); the others only stamp and finish it
+            started = time.perf_counter()
             analysed = natives.analyse(natives.plan(record, target))
+            self.analyse_s = time.perf_counter() - started
             self.found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
             code = analysed.configured
             source = Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE)
@@ -209,84 +225,153 @@ class _Run:
             )
         self.candidates = candidates
         self.evaluator = Evaluator(tuner.pool, target, record.name, candidates, target.driver)
-        #: What trying module options found (see `_module_options`).
+        #: What trying module options found (see `_module_options`), whether a budget or the time
+        #: limit left some untried, and whether any was compiled and timed.
         self.options_note = ""
+        self.options_cut = self.options_tried = False
 
     def execute(self) -> TuneResult:
-        found = self.found
-        chosen = {d.index for d in self.module.choose(found)}
-        results = {d.index: DispatchResult(d.index, d.name, d.problem, note=registry.no_space_reason(d) if not d.tunable else "left at default by the strategy") for d in found}
-        base = KernelConfig()
-        to_search: list[Dispatch] = []
-        for d in found:
-            if d.index not in chosen:
-                continue
-            stored = None if self.retune else self.db.dispatch(dispatch_problem(d, self.target), self.target.fingerprint)
-            config = _stored_config(stored, d, self.module.NAME, self.limited)
-            if stored is None or config is False:  # nothing stored answers
-                to_search.append(d)
-                continue
-            base = base.with_dispatch(d.index, config)
-            results[d.index] = DispatchResult.from_dict({**stored, "index": d.index, "name": d.name, "problem": d.problem, "source": "db"})
-        if not chosen:
-            return TuneResult(self.record.name, self.target.label, self.module.NAME, DEFAULT, "default", list(results.values()))
-        searched = False
-        for position, d in enumerate(to_search):
-            try:
-                results[d.index], config = self._search(d, base, len(to_search) - position)
-            except PortkernError as exc:
-                raise DispatchTuningError(self.record.name, d.label, f"{type(exc).__name__}: {exc}") from exc
-            base = base.with_dispatch(d.index, config)
-            searched = searched or results[d.index].source == "search"
         try:
-            if searched and not self.limited and getattr(self.module, "OPTIONS", False):
-                base = self._module_options(base)
-            result = self._conclude(base, list(results.values()), "search" if searched else "db")
+            base = self._module_options()
+            found = self.found
+            chosen = {d.index for d in self.module.choose(found)}
+            results = {d.index: DispatchResult(d.index, d.name, d.problem, note=registry.no_space_reason(d) if not d.tunable else "left at default by the strategy") for d in found}
+            to_search: list[Dispatch] = []
+            for d in found:
+                if d.index not in chosen:
+                    continue
+                stored = None if self.retune else self.db.dispatch(dispatch_problem(d, self.target), self.target.fingerprint)
+                config = _stored_config(stored, d, self.module.NAME, self.limited)
+                if stored is None or config is False:  # nothing stored answers
+                    to_search.append(d)
+                    continue
+                base = base.with_dispatch(d.index, config)
+                results[d.index] = DispatchResult.from_dict({**stored, "index": d.index, "name": d.name, "problem": d.problem, "source": "db"})
+            searched = False
+            if not chosen and not base.options:
+                return TuneResult(self.record.name, self.target.label, self.module.NAME, DEFAULT, "default", list(results.values()), note=self.options_note)
+            for position, d in enumerate(to_search):
+                try:
+                    results[d.index], config = self._search(d, base, len(to_search) - position)
+                except PortkernError as exc:
+                    raise DispatchTuningError(self.record.name, d.label, f"{type(exc).__name__}: {exc}") from exc
+                base = base.with_dispatch(d.index, config)
+                searched = searched or results[d.index].source == "search"
+            if self.options_cut:
+                for r in results.values():  # the kernel's search was cut short, whatever its dispatches did
+                    r.complete = False
+            result = self._conclude(base, list(results.values()), "search" if searched or self.options_tried else "db")
             result.note = "; ".join(n for n in (result.note, self.options_note) if n)
             return result
         finally:
             self.evaluator.release()
 
-    def _module_options(self, base: KernelConfig) -> KernelConfig:
-        """`base`, or its dispatch configs in the module compiled with a module option
-        (`jit.finalize.MODULE_OPTIONS`; CPU kernels with a source stage) when that ran faster by
-        `MIN_GAIN`, the variants timed whole side by side. Configs carry over to the option's
-        dispatches whose root op is the same; the option with the compiler's default configs is tried too."""
-        if not isinstance(self.candidates, IreeCandidates) or self.target.driver not in OPTION_DRIVERS:
-            return base
-        if not any(OPTION_ROOT in d.root for d in self.found if d.tunable):
-            return base
+    def _module_options(self) -> KernelConfig:
+        """The module options the kernel's tile search runs under: the variants of `OPTION_VARIANTS`
+        that apply (CPU kernels with a source stage, strategies with `OPTIONS`, a dispatch the
+        strategy tunes with a root op of the variant's kind), in order, as many as
+        the budget allows, compiled whole at the compiler's default configs, checked against the
+        default's outputs and timed side by side with it; the fastest is kept when it beats the
+        default by `MIN_GAIN`. `self.found` becomes the dispatches of the module compiled with it."""
+        none = KernelConfig()
+        if not getattr(self.module, "OPTIONS", False) or not isinstance(self.candidates, IreeCandidates):
+            return none
+        if self.target.driver not in OPTION_DRIVERS:
+            return none
+        # the dispatches the strategy would tune: a kernel of small ones only is within timing noise as a whole
+        roots = [d.root for d in self.module.choose(self.found)]
+        variants = [options for options, root in OPTION_VARIANTS if any(root in r for r in roots)]
+        if not variants:
+            return none
         if self.record.source_stage() is None:
             self.options_note = "module options not tried: the kernel has no source stage"
-            return base
-        chosen = {analysis.root_problem(d.problem): config for d in self.found if (config := base.get(d.index)) is not None}
-        variants = [base]
-        for option in MODULE_OPTIONS:
-            plan = self.natives.plan(self.record, self.target, option)
+            return none
+        problem = options_problem(self.found, self.target)
+        stored = None if self.retune else self.db.dispatch(problem, self.target.fingerprint)
+        if satisfies(stored, self.module.NAME, self.limited):
+            reused = self._stored_options(stored["config"])
+            if reused is not None:
+                return reused
+        if self.user_budget and self.budget < len(variants):
+            variants, self.options_cut = variants[: self.budget], True
+        deadline, cost = None, 0.0
+        if self.deadline is not None:  # at most half of the time left: the tile search needs the rest
+            deadline = time.perf_counter() + (self.deadline - time.perf_counter()) / 2
+            # a variant costs about what configuring the kernel and compiling its default did
+            self.evaluator.reference()
+            cost = self.analyse_s + self.evaluator.results[DEFAULT].compile_s
+        found: dict[str, list[Dispatch]] = {}
+        problems = []
+        for position, options in enumerate(variants):
+            if deadline is not None and time.perf_counter() + cost >= deadline:
+                self.options_cut = True
+                problems.append(f"{len(variants) - position} variant(s) not tried: time limit")
+                break
+            config = str(KernelConfig.of({}, options))
             try:
+                plan = self.natives.plan(self.record, self.target, config)
                 analysed = self.natives.analyse(plan)
             except PortkernError as exc:
-                self.options_note = f"module option {option} not tried: {type(exc).__name__}: {one_line(exc, limit=200)}"
+                problems.append(f"{config} does not build: {type(exc).__name__}: {one_line(exc, limit=200)}")
                 continue
             code = analysed.configured
-            self.candidates.add_variant((option,), plan.target, Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE))
-            found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
-            carried = {d.index: chosen[analysis.root_problem(d.problem)] for d in found if analysis.root_problem(d.problem) in chosen and d.tunable}
-            variants += list(dict.fromkeys([KernelConfig.of(carried, (option,)), KernelConfig.of({}, (option,))]))
-        if len(variants) == 1:
-            return base
-        names = [str(v) for v in variants]
-        timings = self.evaluator.interleaved(names, self.target.driver)
-        if str(base) not in timings:
-            return base
-        base_s = timings[str(base)].min_s
-        best_s, best = min((timings[n].min_s, n) for n in names if n in timings)
-        described = ", ".join(f"{_option_label(n, str(base))} {timings[n].min_s * 1e3:.2f} ms" for n in names if n in timings)
-        if best != str(base) and best_s < base_s * (1 - MIN_GAIN):
-            self.options_note = f"module options timed whole: {described}; took {_option_label(best, str(base))}"
-            return kernel_config.parse(best)
-        self.options_note = f"module options timed whole: {described}; none faster by {MIN_GAIN:.0%}"
-        return base
+            self.candidates.add_variant(options, plan.target, Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE))
+            found[config] = [registry.dispatch_from_data(d) for d in analysed.dispatches]
+        driver = self.target.driver
+        self.options_tried = bool(found)
+        evaluations = self.evaluator.evaluate(list(found), driver) if found else []
+        for e in evaluations:
+            if e.status == "duplicate":
+                problems.append(f"{e.config} compiles to the same code as {_option_label(e.duplicate_of)}")
+            elif not e.ok:
+                problems.append(f"{e.config} {e.status}: {one_line(e.error, limit=160)}")
+        timed = sorted((e.timings[driver].min_s, e.config) for e in evaluations if e.ok and driver in e.timings)
+        finalists = [config for _, config in timed[:FINALISTS]]
+        if not finalists:
+            self.options_note = "module options: " + "; ".join(problems) if problems else ""
+            self._put_options(problem, DEFAULT, None, None)
+            return none
+        timings = self.evaluator.interleaved([DEFAULT, *finalists], driver)
+        if DEFAULT not in timings:
+            return none
+        described = ", ".join(f"{_option_label(n)} {timings[n].min_s * 1e3:.3g} ms" for n in [DEFAULT, *finalists] if n in timings)
+        ranked = sorted((timings[n].min_s, n) for n in finalists if n in timings)
+        taken = bool(ranked) and ranked[0][0] < timings[DEFAULT].min_s * (1 - MIN_GAIN)
+        best = ranked[0][1] if taken else DEFAULT
+        verdict = f"took {best}" if taken else f"none faster by {MIN_GAIN:.0%}: the compiler's defaults stay"
+        self.options_note = "; ".join([f"module options timed whole: {described}; {verdict}", *problems])
+        self._put_options(problem, best, timings[DEFAULT].min_s, timings[best].min_s)
+        if not taken:
+            return none
+        self.found = found[best]
+        return kernel_config.parse(best)
+
+    def _put_options(self, problem: str, config: str, default_s: float | None, best_s: float | None) -> None:
+        """Store the module options chosen for the kernel's dispatches (any kernel of the same dispatches reuses them)."""
+        fields = {"config": config, "strategy": self.module.NAME, "complete": not self.options_cut, "note": self.options_note,
+                  "default_s": default_s, "best_s": best_s}
+        self.db.put_dispatch(problem, self.target.fingerprint, self.target.label, fields)
+
+    def _stored_options(self, config: str) -> KernelConfig | None:
+        """The stored module options `config` (a module-options-only kernel config), with `self.found`
+        the dispatches of the module compiled with them; None when it is not usable."""
+        try:
+            chosen = kernel_config.parse(config)
+        except PerfConfigError:
+            return None
+        if chosen.dispatches or not isinstance(self.candidates, IreeCandidates):
+            return None
+        if chosen.options:
+            try:
+                plan = self.natives.plan(self.record, self.target, config)
+                analysed = self.natives.analyse(plan)
+            except PortkernError:
+                return None  # searched again
+            code = analysed.configured
+            self.candidates.add_variant(chosen.options, plan.target, Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE))
+            self.found = [registry.dispatch_from_data(d) for d in analysed.dispatches]
+        self.options_note = f"module options from the tuning DB: {_option_label(config)}"
+        return chosen
 
     def _search(self, d: Dispatch, base: KernelConfig, left: int) -> tuple[DispatchResult, PerfConfig | None]:
         result = DispatchResult(d.index, d.name, d.problem, source="search", strategy=self.module.NAME)
@@ -364,12 +449,16 @@ class _Run:
         return result
 
 
-def _option_label(config: str, base: str) -> str:
-    """A module-options variant of `base`, named for a note."""
-    if config == base:
-        return "without options"
-    option, _, dispatches = config.partition(";")
-    return f"{option} with the dispatch configs" if dispatches else f"{option} alone"
+def options_problem(found: list[Dispatch], target: Target) -> str:
+    """The tuning problem "which module options" of a kernel whose default module has the dispatches
+    `found`, run on a target (kernels of the same dispatches share it)."""
+    digest = hashlib.sha256("\n".join(d.problem for d in found).encode()).hexdigest()
+    return keys.dispatch_problem(f"module options of dispatches sha256:{digest}", target.driver, cores())
+
+
+def _option_label(config: str) -> str:
+    """A module-options variant, named for a note."""
+    return "without options" if config == DEFAULT else config
 
 
 def _stored_config(stored: dict[str, Any] | None, d: Dispatch, strategy: str, limited: bool) -> PerfConfig | None | Literal[False]:

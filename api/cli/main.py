@@ -22,6 +22,7 @@ COMMANDS = (
     "portkern.cli.finalize",
     "portkern.cli.check",
     "portkern.cli.tune",
+    "portkern.cli.profile",
     "portkern.cli.keys",
 )
 

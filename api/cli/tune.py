@@ -37,6 +37,10 @@ def register(sub) -> None:
         help="kernels with dynamic dimensions: tune per shape bucket for these shapes, e.g. a=1x256,64x256,2048x256 "
         "(repeat for more arguments; the i-th shapes of every argument form one call)",
     )
+    tune.add_argument(
+        "--report", type=Path, metavar="FILE.html",
+        help="write a page with the search's plots and each kernel's per-dispatch profile (its data beside it as FILE.json)",
+    )
     add_cache_dir(tune)
     add_json(tune)
     tune.set_defaults(handler=run_tune)
@@ -53,6 +57,8 @@ def run_tune(args: argparse.Namespace) -> Report:
         raise TuningError("--workers must be at least 1")
     strategies.get(args.strategy)
     Budget(args.budget, args.time_limit)  # bad options fail the command, not each kernel
+    if args.report is not None:
+        _report_possible(args)
     store = store_from(args)
     bundle = portkern.load(args.bundle, store=store)
     names = args.kernel or bundle.names()
@@ -78,6 +84,7 @@ def run_tune(args: argparse.Namespace) -> Report:
                 )
             except PortkernError as exc:  # one kernel's failure: reported, the others are still tuned
                 errors.append(_error(record.name, exc))
+        profiles = _profiles(bundle, results, target, tuner) if args.report is not None else []
     data = {
         "json_format": JSON_FORMAT,
         "device": target.label,
@@ -86,6 +93,11 @@ def run_tune(args: argparse.Namespace) -> Report:
         "kernels": [r.to_dict(evaluations=True) for r in results],
         "errors": errors,
     }
+    if args.report is not None:
+        from portkern.tuner import report
+
+        beside = report.write(args.report, {**data, "profiles": profiles})
+        data["report"] = {"html": str(args.report), "json": str(beside)}
 
     def render(out):
         rows = []
@@ -111,6 +123,30 @@ def run_tune(args: argparse.Namespace) -> Report:
             out.print(f"[red]{e['kernel']}{where}: not tuned: {e['type']}: {e['message']}[/red]")
 
     return Report(data, render, status=1 if errors else 0)
+
+
+def _report_possible(args: argparse.Namespace) -> None:
+    """Refuse `--report` before any work where it cannot be written."""
+    from portkern.tuner import report
+
+    if args.compile_only or args.shapes:
+        raise TuningError("--report shows a tuning run on this device; it does not take --compile-only or --shapes")
+    report.check(args.report)
+
+
+def _profiles(bundle, results, target, tuner) -> list[dict]:
+    """Each tuned kernel's per-dispatch profile at its default and chosen config (`--report`);
+    one that cannot be profiled is listed with the reason."""
+    from portkern.tuner.profile import profile_kernel
+
+    found = []
+    for r in results:
+        try:
+            profile = profile_kernel(bundle.natives, bundle.record(r.kernel), target, r.config, role="tuned", pool=tuner.pool)
+            found.append(profile.to_dict())
+        except PortkernError as exc:
+            found.append({"kernel": r.kernel, "error": f"{type(exc).__name__}: {one_line(exc, limit=500)}"})
+    return found
 
 
 def forbid_compiling(store, names: list[str]) -> None:

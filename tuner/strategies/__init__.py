@@ -7,8 +7,9 @@ equal or higher level answers a request without searching again),
 `search(search)` (proposes candidates to a `portkern.tuner.search.Search`
 until done or out of budget). A level-0 strategy (`default`) searches
 nothing: the tuner stores the compiler's default as the kernel's selection.
-`OPTIONS = True`: after a search that no budget or time limit cut short, the
-tuner also times module options (`jit.finalize.MODULE_OPTIONS`) whole.
+`OPTIONS = True`: before the tile search, the tuner times module-option
+variants (`tuner.session.OPTION_VARIANTS`) whole, as many as a budget allows,
+and searches tiles in the module compiled with the fastest.
 """
 
 from __future__ import annotations
