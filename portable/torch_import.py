@@ -7,7 +7,8 @@ transformers' `ModelOutput` classes, registered by importing the module that def
 decomposes it as iree-turbine decomposes a module it exports itself, rewrites the boolean ops IREE's
 torch input conversion does not take (an all-true fill `&`-ed into a mask, `aten.__and__`), marks every tensor of its state
 (parameters, buffers, constants) as an external parameter `"model"::<state-dict name>`,
-exports it with iree-turbine (dynamic dimensions kept), and writes `model.mlir`,
+exports it with iree-turbine (dynamic dimensions kept; the entry's arguments named as the
+program's user inputs, `x`), and writes `model.mlir`,
 `weights.bin` (the tensors' raw bytes, one after another) and `weights.json` (name, offset,
 size of each). The builder streams the bytes of the referenced ones into the bundle.
 """
@@ -225,6 +226,9 @@ def _export(model: Path, out: Path) -> None:
             ExternalTensorTrait(external_scope=DEFAULT_SCOPE, external_name=name).set(tensor)
     exported = aot.export(program)
     exported.save_mlir(str(out / "model.mlir"))
+    user_inputs = list(program.graph_signature.user_inputs)
+    text = (out / "model.mlir").read_text()
+    (out / "model.mlir").write_text(name_arguments(text, "main", [n if isinstance(n, str) else "" for n in user_inputs]))
     index, offset = [], 0
     with open(out / "weights.bin", "wb") as f:
         for name, tensor in tensors.items():
@@ -237,6 +241,31 @@ def _export(model: Path, out: Path) -> None:
             index.append({"name": name, "offset": offset, "size": int(raw.nbytes)})
             offset += raw.nbytes
     (out / "weights.json").write_text(json.dumps(index))
+
+
+#: An MLIR value name the builder reads as an argument's name (`contract_ir.argument_names`).
+_VALUE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_$.]{0,127}$")
+#: What may continue an MLIR value name (a reference `%arg1` is not a prefix of `%arg10`).
+_NAME_GOES_ON = r"(?![A-Za-z0-9_$.\-])"
+
+
+def name_arguments(text: str, entry: str, names: list[str]) -> str:
+    """`text` with the arguments of its function `entry` (`%arg0`, ... as MLIR prints them) called
+    by `names`, the program's user inputs (its forward parameters: `x`), so that the kernel's
+    contract names them; `text` as it is when the names are not one per argument, are not
+    plain value names, or one is a name `entry` already uses (torch-mlir's `%none`, `%int1`)."""
+    header = re.search(rf"func\.func @{re.escape(entry)}\(", text)
+    if header is None or not names or len(set(names)) != len(names) or not all(_VALUE_NAME.match(n) for n in names):
+        return text
+    end = re.compile(r"^  }$", re.M).search(text, header.end())
+    start, stop = header.start(), end.end() if end else len(text)
+    body = text[start:stop]
+    count = len(re.findall(rf"%arg\d+{_NAME_GOES_ON}\s*:", body[: body.find(")")]))
+    if count != len(names) or any(n != f"arg{i}" and re.search(rf"%{re.escape(n)}{_NAME_GOES_ON}", body) for i, n in enumerate(names)):
+        return text
+    for index, name in enumerate(names):
+        body = re.sub(rf"%arg{index}{_NAME_GOES_ON}", f"%{name}", body)
+    return text[:start] + body + text[stop:]
 
 
 def remove(workdir: Path) -> None:

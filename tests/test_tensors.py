@@ -3,6 +3,7 @@ result memory, the same typed errors as arrays otherwise, and torch never import
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -135,6 +136,27 @@ def test_torch_tensors_in_torch_tensors_out_without_copies(kernel, monkeypatch):
     assert isinstance(out, torch.Tensor) and out.dtype == torch.float32
     assert out.data_ptr() == returned[0].ctypes.data  # the tensor is portkern's result array, not a copy
     assert_reference(out.numpy(), arrays)
+
+
+def test_a_torch_result_alive_at_exit_is_not_reported_as_a_leak(examples_bundle, tmp_path):
+    """A script that still holds a torch result (over portkern's result memory) when it exits
+    exits cleanly: the result is right and nothing is reported on stderr."""
+    pytest.importorskip("torch", reason=NEEDS_TORCH)
+    script = textwrap.dedent(
+        f"""
+        import numpy as np, torch
+        import portkern
+        from portkern.examples.reference import EXAMPLES
+        example = EXAMPLES[{NAME!r}]
+        arrays = example.inputs(np.random.default_rng(0))
+        kept = portkern.load({str(examples_bundle)!r}).kernel({NAME!r})(*[torch.from_numpy(a) for a in arrays])
+        np.testing.assert_allclose(kept.numpy(), example.reference(*arrays)[0], rtol=example.rtol, atol=example.atol)
+        assert isinstance(kept, torch.Tensor)
+        """
+    )
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(tmp_path / "cache")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
 
 
 def test_torch_parameters_count_as_torch_tensors_and_mixed_calls_give_numpy(kernel):

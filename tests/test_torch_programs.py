@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch", reason=expected_skip("torch", "PyTorch prog
 pytest.importorskip("iree.turbine", reason=expected_skip("torch", "PyTorch programs need 'iree-turbine' on the build host (pip install 'portkern[torch]')"))
 
 import portkern  # noqa: E402
+from portkern.base.errors import ArgumentShapeError, BuildError  # noqa: E402
 
 RTOL = ATOL = 1e-4
 
@@ -144,3 +145,67 @@ def test_a_boolean_mask_program_builds_and_matches_torch(tmp_path, store):
     out = portkern.load(path, store=store).kernel("mask")(scores)
     np.testing.assert_allclose(out.numpy(), CausalMask()(scores).numpy(), rtol=RTOL, atol=ATOL)
     assert (out.numpy()[:, 0, 1:] == 0).all() and (out.numpy()[:, -1] > 0).all()  # the mask both cuts and passes
+
+
+class BiasedMLP(torch.nn.Module):
+    """An MLP whose output is added to its second input: both have the batch dimension."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.up = torch.nn.Linear(16, 32)
+        self.down = torch.nn.Linear(32, 4)
+
+    def forward(self, x, bias):
+        return self.down(torch.relu(self.up(x))) + bias
+
+
+@pytest.fixture(scope="module")
+def named_program(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    where = tmp_path_factory.mktemp("named")
+    torch.manual_seed(1)
+    model = BiasedMLP().eval()
+    batch = torch.export.Dim("batch", max=1024)
+    exported = torch.export.export(model, (torch.randn(8, 16), torch.randn(8, 4)), dynamic_shapes=({0: batch}, {0: batch}))
+    torch.export.save(exported, str(where / "mlp.pt2"))
+    return where, model
+
+
+def test_a_pt2_program_keeps_its_input_names_in_a_checked_contract(named_program, capsys):
+    from helpers import cli_json
+
+    where, _ = named_program
+    status, shown = cli_json(capsys, "inspect", one_kernel_bundle(where, "mlp.pt2", "mlp"))
+    assert status == 0
+    contract = shown["kernels"][0]["signature"]["contract"]
+    assert contract["names"] == ["x", "bias"]  # the forward parameters, not arg0, arg1
+    assert contract["inputs"] == [["M", 16], ["M", 4]] and contract["results"] == [["M", 4]]
+    assert contract["origin"] == "ir"
+
+
+def test_a_pt2_programs_input_names_take_shapes_and_calls_by_name(named_program, store):
+    where, model = named_program
+    path = one_kernel_bundle(where, "mlp.pt2", "mlp", extra="    shapes: {x: [batch, 16], bias: [batch, 4]}\n", bundle="stated")
+    kernel = portkern.load(path, store=store).kernel("mlp")
+    assert str(kernel.record.signature.contract) == "(batchx16, batchx4) -> batchx4"
+    x, bias = torch.randn(5, 16), torch.randn(5, 4)
+    with torch.no_grad():
+        expected = model(x, bias)
+    np.testing.assert_allclose(kernel(bias=bias, x=x).numpy(), expected.numpy(), rtol=RTOL, atol=ATOL)
+    with pytest.raises(ArgumentShapeError, match="batch"):
+        kernel(x=x, bias=torch.randn(6, 4))  # the batch of the input added at the output disagrees with x's
+
+
+def test_a_pt2_programs_result_stated_with_another_batch_is_refused(named_program):
+    where, _ = named_program
+    with pytest.raises(BuildError, match="result0 dimension 0 different sizes"):
+        one_kernel_bundle(where, "mlp.pt2", "mlp", extra="    shapes: {x: [batch, 16], result0: [rows, 4]}\n", bundle="other")
+
+
+def test_input_names_replace_only_the_entrys_own_arguments():
+    from portkern.portable.torch_import import name_arguments
+
+    text = "module {\n  func.func @main(%arg0: t, %arg1: t) -> t {\n    %arg10 = op %arg0, %arg1 : t\n    return %arg10 : t\n  }\n}\n"
+    named = "module {\n  func.func @main(%x: t, %w: t) -> t {\n    %arg10 = op %x, %w : t\n    return %arg10 : t\n  }\n}\n"
+    assert name_arguments(text, "main", ["x", "w"]) == named  # %arg10 is not %arg1 followed by 0
+    assert name_arguments(text, "main", ["x", "arg10"]) == text  # a name the function uses already: left as printed
+    assert name_arguments(text, "main", ["x"]) == text  # not one name per argument
