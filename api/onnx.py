@@ -28,7 +28,7 @@ from portkern.base import errors
 from portkern.base.errors import ArgumentTypeError, BuildError, BundleError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
 from portkern.bundle import load
 from portkern.cache.repair import BUNDLES
-from portkern.cache.scratch import alive
+from portkern.cache.scratch import part_path, stale_part
 from portkern.cache.store import Store, default_store
 from portkern.jit.loader import Kernel, LoadedBundle
 from portkern.jit.workers import Job, shared_pool
@@ -238,7 +238,7 @@ def keep_bundle(store: Store, key: str, built: Path, notes: Sequence[str]) -> Pa
 
 def _write_whole(path: Path, data: bytes | Path) -> None:
     """Write `data` (bytes, or a file's contents) to `path`, which readers see whole or not at all."""
-    part = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.part")
+    part = part_path(path)
     try:
         with open(part, "wb") as file:
             if isinstance(data, Path):
@@ -260,8 +260,7 @@ def _write_whole(path: Path, data: bytes | Path) -> None:
 def _sweep_parts(folder: Path) -> None:
     """Remove the partial files of processes that were stopped while writing one."""
     for part in folder.glob(".*.part"):
-        pid = part.name.split(".")[-3]
-        if pid.isdigit() and not alive(int(pid)):
+        if stale_part(part.name):
             try:
                 part.unlink()
             except OSError:

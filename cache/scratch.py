@@ -44,6 +44,18 @@ def alive(pid: int) -> bool:
     return True
 
 
+def part_path(path: Path) -> Path:
+    """A hidden partial file beside `path`, named for this process, to be written whole and then
+    renamed over `path` (`stale_part` knows it once its process is gone)."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.part")
+
+
+def stale_part(name: str) -> bool:
+    """Whether a file named as `part_path` names them belongs to a process that is gone."""
+    fields = name.split(".")
+    return name.endswith(".part") and len(fields) >= 3 and fields[-3].isdigit() and not alive(int(fields[-3]))
+
+
 def orphaned(root: str | Path | None = None) -> list[Path]:
     """Scratch directories under `root` (default: the temporary directory) whose process is gone."""
     found = []

@@ -87,8 +87,9 @@ class Specialisation(Generic[T]):
         return self._pid == os.getpid() and self._finished.is_set()
 
     def start(self) -> None:
-        """Let the build begin (the kernel's first call has returned)."""
-        self._go.set()
+        """Let the build begin (the kernel's first call has returned; later calls find it begun)."""
+        if not self._go.is_set():
+            self._go.set()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Wait until it has finished; False on timeout, and at once in a forked child."""

@@ -52,7 +52,7 @@ from portkern.base.errors import BundleChangedError, BundleError, BundleTruncate
 from portkern.base.framing import HEADER_SIZE
 from portkern.cache.keys import parameters_key
 from portkern.cache.repair import PARAMETERS
-from portkern.cache.scratch import alive
+from portkern.cache.scratch import part_path, stale_part
 from portkern.cache.store import Store
 from portkern.portable.bundle import Bundle, KernelRecord
 from portkern.portable.parameters import Parameter, ParameterSection, check_file_size, verify_chunks
@@ -263,7 +263,7 @@ class MappedSection:
         """Copy the file opened at `load` to `target` (whole or not at all), each chunk checked
         in the copy; the copy mapped, and its memo key (recorded as checked whole)."""
         started = time.monotonic()
-        part = target.with_name(f".{target.name}.{os.getpid()}.{os.urandom(4).hex()}.part")
+        part = part_path(target)
         out = open(os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "r+b", buffering=0)
         try:
             try:
@@ -340,13 +340,12 @@ def sweep(folder: Path, store: Store) -> list[Path]:
         path = Path(entry.path)
         try:
             if entry.name.endswith(".part"):
-                pid = entry.name.split(".")[-3]
-                if not (pid.isdigit() and not alive(int(pid))):
+                if not stale_part(entry.name):
                     continue
             elif not (entry.name.endswith(".pkb") and now - entry.stat(follow_symlinks=False).st_atime > UNUSED_S):
                 continue
             path.unlink()
-        except (OSError, IndexError):
+        except OSError:
             continue
         removed.append(path)
     forget(store, {str(path) for path in removed if path.suffix == ".pkb"})
