@@ -6,6 +6,7 @@ that is not a `PortkernError` is a bug.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Iterable
 
@@ -34,8 +35,10 @@ def one_line(text: object, limit: int | None = None) -> str:
     return brief(text, None, sep=" ", limit=limit)
 
 
-_LOCATION = re.compile(r" [^\s:]*:\d+:\d+: ")
-_NOISE = re.compile(r"^.*?IREE failed between phases \S+ and \S+: |^[^\s:]*:\d+:\d+: ")
+@functools.cache
+def _patterns() -> tuple[re.Pattern[str], re.Pattern[str]]:
+    """The patterns `gist` trims: a source location, and a compiler phase or location prefix."""
+    return re.compile(r" [^\s:]*:\d+:\d+: "), re.compile(r"^.*?IREE failed between phases \S+ and \S+: |^[^\s:]*:\d+:\d+: ")
 
 
 def gist(text: object, limit: int = 200) -> str:
@@ -43,9 +46,10 @@ def gist(text: object, limit: int = 200) -> str:
     line = brief(text, limit=None)
     if not line:
         return "failed without a diagnostic"
-    while (trimmed := _NOISE.sub("", line, count=1)) != line:
+    location, noise = _patterns()
+    while (trimmed := noise.sub("", line, count=1)) != line:
         line = trimmed
-    return _LOCATION.split(line, maxsplit=1)[0][:limit]
+    return location.split(line, maxsplit=1)[0][:limit]
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import secrets
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -182,6 +181,8 @@ def write_atomic(path: str | Path, data: bytes, error: type[Exception]) -> None:
 
 def write_atomic_with(path: str | Path, write: Callable[[BinaryIO], object], error: type[Exception]) -> None:
     """`write_atomic` of what `write(file)` writes (it may seek)."""
+    import secrets  # (writers only: not on a reader's path)
+
     path = Path(path)
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:

@@ -79,61 +79,131 @@ def from_plain(cls: type[R], data: Any) -> R:
     field without a default is missing (what calling `cls` with them would raise)."""
     if not isinstance(data, Mapping):
         raise TypeError(f"{cls.__name__} from {type(data).__name__}: a mapping is needed")
-    hints = _hints(cls)
     values: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if not f.init:
-            continue
-        spec = f.metadata.get(WIRE, {})
-        key = spec.get("name", f.name)
+    for name, key, required, decode in _plan(cls):
         if key not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            if required:
                 raise TypeError(f"{cls.__name__}: field {key!r} is missing")
             continue
-        decode = spec.get("decode")
-        values[f.name] = decode(data[key]) if decode is not None else typed(hints[f.name], data[key])
+        value = data[key]
+        if decode is not None:
+            values[name] = decode(value)
+        elif type(value) in _SCALARS:  # (what `typed` gives back as it is, whatever the hint)
+            values[name] = value
+        else:
+            values[name] = _converters(cls)[name](value)
     return cls(**values)
 
 
 def typed(hint: Any, value: Any) -> Any:
     """A plain value as the type hint names it, where its shape fits the hint; else the value as it is."""
+    return _converter(hint)(value)
+
+
+#: Plain values that `typed` returns as they are for every hint.
+_SCALARS = frozenset({str, int, float, bool, bytes, type(None)})
+
+#: A field of a record as `from_plain` reads it: (name, key in plain data, whether it has no
+#: default, its `wire` decoder or None).
+_Field = tuple[str, str, bool, Callable[[Any], Any] | None]
+
+_PLANS: dict[type, tuple[_Field, ...]] = {}
+_CONVERTERS: dict[type, dict[str, Callable[[Any], Any]]] = {}
+
+
+def _plan(cls: type) -> tuple[_Field, ...]:
+    """The fields of `cls` that `__init__` takes, as `from_plain` reads them (worked out once per class)."""
+    plan = _PLANS.get(cls)
+    if plan is None:
+        found: list[_Field] = []
+        for f in dataclasses.fields(cls):
+            if f.init:
+                spec = f.metadata.get(WIRE, {})
+                required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                found.append((f.name, spec.get("name", f.name), required, spec.get("decode")))
+        plan = _PLANS[cls] = tuple(found)
+    return plan
+
+
+def _converters(cls: type) -> dict[str, Callable[[Any], Any]]:
+    """Per field of `cls`, `typed` of its type hint (the hints are evaluated when a record first
+    holds a value that is not a scalar)."""
+    found = _CONVERTERS.get(cls)
+    if found is None:
+        hints = _hints(cls)
+        found = _CONVERTERS[cls] = {name: _converter(hints[name]) for name, _, _, decode in _plan(cls) if decode is None}
+    return found
+
+
+def _converter(hint: Any) -> Callable[[Any], Any]:
+    """`typed(hint, value)` as a function of the value: dicts become the dataclasses the hint names,
+    lists the tuples or lists it names, through `Optional` and other unions (the first arm the
+    value's shape fits)."""
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return from_plain(hint, value) if isinstance(value, Mapping) else value
+        record = hint
+        return lambda value: from_plain(record, value) if isinstance(value, Mapping) else value
     origin, args = typing.get_origin(hint), typing.get_args(hint)
     if origin is Union or origin is types.UnionType:
-        if value is None:
-            return None
-        for arm in args:
-            if arm is not type(None) and _fits(arm, value):
-                return typed(arm, value)
-        return value
-    if origin is tuple and isinstance(value, (list, tuple)):
+        arms = [(_fitter(arm), _converter(arm)) for arm in args if arm is not type(None)]
+
+        def union(value: Any) -> Any:
+            if value is None:
+                return None
+            for fits, convert in arms:
+                if fits(value):
+                    return convert(value)
+            return value
+
+        return union
+    if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(typed(args[0], v) for v in value)
-        if args and len(args) == len(value):
-            return tuple(typed(a, v) for a, v in zip(args, value))
-        return tuple(value)
-    if origin in (list, Sequence) and isinstance(value, (list, tuple)):
-        return [typed(args[0], v) for v in value] if args else list(value)
-    if origin in (dict, Mapping) and isinstance(value, Mapping):
-        return {k: typed(args[1], v) for k, v in value.items()} if args else dict(value)
+            item = _converter(args[0])
+            return lambda value: tuple(item(v) for v in value) if isinstance(value, (list, tuple)) else value
+        items = [_converter(a) for a in args]
+
+        def fixed(value: Any) -> Any:
+            if not isinstance(value, (list, tuple)):
+                return value
+            if items and len(items) == len(value):
+                return tuple(convert(v) for convert, v in zip(items, value))
+            return tuple(value)
+
+        return fixed
+    if origin in (list, Sequence):
+        if not args:
+            return lambda value: list(value) if isinstance(value, (list, tuple)) else value
+        item = _converter(args[0])
+        return lambda value: [item(v) for v in value] if isinstance(value, (list, tuple)) else value
+    if origin in (dict, Mapping):
+        if not args:
+            return lambda value: dict(value) if isinstance(value, Mapping) else value
+        entry = _converter(args[1])
+        return lambda value: {k: entry(v) for k, v in value.items()} if isinstance(value, Mapping) else value
+    return _same
+
+
+def _same(value: Any) -> Any:
     return value
 
 
-def _fits(hint: Any, value: Any) -> bool:
-    """Whether a plain value has the shape of a type hint (for picking a union's arm)."""
+def _fitter(hint: Any) -> Callable[[Any], bool]:
+    """Whether a plain value has the shape of a type hint (for picking a union's arm), as a function of the value."""
     if hint is Any:
-        return True
+        return lambda value: True
     if dataclasses.is_dataclass(hint) and isinstance(hint, type):
-        return isinstance(value, Mapping)
+        return lambda value: isinstance(value, Mapping)
     origin = typing.get_origin(hint)
     if origin in (tuple, list, Sequence):
-        return isinstance(value, (list, tuple))
+        return lambda value: isinstance(value, (list, tuple))
     if origin in (dict, Mapping):
-        return isinstance(value, Mapping)
+        return lambda value: isinstance(value, Mapping)
     if origin is Union or origin is types.UnionType:
-        return any(_fits(arm, value) for arm in typing.get_args(hint))
-    return isinstance(hint, type) and isinstance(value, hint)
+        fits = [_fitter(arm) for arm in typing.get_args(hint)]
+        return lambda value: any(fit(value) for fit in fits)
+    if isinstance(hint, type):
+        kind = hint
+        return lambda value: isinstance(value, kind)
+    return lambda value: False
 
 
 def _holds_default(f: dataclasses.Field[Any], value: Any) -> bool:

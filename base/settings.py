@@ -53,6 +53,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 import sys
 import warnings
 from functools import lru_cache
@@ -155,6 +156,15 @@ def parse_size(text: str) -> int:
     return int(min(_size(text), LARGEST_SIZE))
 
 
+def format_size(n: float) -> str:
+    """A byte count for people: `512 B`, `1.5 KiB`, `260.0 MiB`, `2.0 GiB` (powers of 1024)."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 def parse_duration(text: str) -> float:
     """Seconds in a duration such as `30d`, `12h`, `90m`, `45s`, `250ms` or `1.5`; `inf` is
     `LARGEST_DURATION_S`. A `SettingError` when it is not a duration."""
@@ -197,6 +207,10 @@ def config_key(name: str) -> str:
     return name.removeprefix("PORTKERN_").lower()
 
 
+#: The application name of portkern's user directories.
+APP = "portkern"
+
+
 def config_file() -> Path | None:
     """The config file in use: the one `PORTKERN_CONFIG` names (set and empty: none), else
     `portkern.toml` in the user config dir when it exists."""
@@ -209,20 +223,43 @@ def config_file() -> Path | None:
 
 @lru_cache(maxsize=4)
 def _default_config(xdg_config_home: str | None, home: str | None) -> Path:
-    """`portkern.toml` in platformdirs' user config dir (which follows these two variables)."""
+    """`portkern.toml` in the user config dir (which follows these two variables)."""
+    return user_dir("config") / CONFIG_FILE
+
+
+def user_dir(kind: str) -> Path:
+    """portkern's user `kind` directory ("cache" or "config"), as platformdirs names it
+    (`user_cache_dir` / `user_config_dir`). Where its answer is XDG's plain rule (Linux, not
+    Android: `$XDG_<KIND>_HOME` an absolute path, or unset with an absolute `HOME`:
+    `~/.<kind>`), the path is formed here, so that a warm process does not import platformdirs
+    (and the tempfile and shutil modules it imports); `tests/test_config_file.py` holds the two
+    equal. Every other case is platformdirs' answer."""
+    if sys.platform == "linux" and "ANDROID_DATA" not in os.environ:
+        given = os.environ.get(f"XDG_{kind.upper()}_HOME")
+        home = os.environ.get("HOME", "")
+        if given is not None and os.path.isabs(given):
+            return Path(given) / APP
+        if given is None and os.path.isabs(home):
+            return Path(home) / f".{kind}" / APP
     import platformdirs
 
-    return Path(platformdirs.user_config_dir("portkern", appauthor=False)) / CONFIG_FILE
+    found = platformdirs.user_cache_dir if kind == "cache" else platformdirs.user_config_dir
+    return Path(found(APP, appauthor=False))
 
 
 def _file_values() -> dict[str, Given]:
     """The settings the config file holds, each warning about it given once."""
-    path = config_file()
+    named = CONFIG in os.environ
+    path = config_file() if named else _default_config(os.environ.get("XDG_CONFIG_HOME"), os.environ.get("HOME"))
     if path is None:
         return {}
     try:
         st = os.stat(path)
+        if not named and not stat.S_ISREG(st.st_mode):
+            return {}
     except OSError as exc:
+        if not named:  # no portkern.toml in the user config dir: none is used
+            return {}
         warn(CONFIG if CONFIG in os.environ else "config file", str(path), f"cannot be read ({exc.strerror or exc}); no config file is used")
         return {}
     values, problems = _parsed(str(path), st.st_mtime_ns, st.st_size, st.st_ino)

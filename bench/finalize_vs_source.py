@@ -13,6 +13,9 @@ Per example kernel, on this CPU, the sides taken in turn within each of --repeat
     in a process that has finalised before), the code check, the store write;
 (c) in-process: the same stage compiled to the same code in this process (IREE's own compile;
     b/c is what the route through a worker adds);
+(c0) verified: (c) with IREE verifying the IR after every pass, as `iree-compile` does (a
+    finalisation verifies its module once, before the first pass); c/c0 is what that saves. The
+    code of (b), (c) and (c0) is checked byte-identical;
 (d) source in-process: the kernel's MLIR (as for (a)) parsed and compiled to a vmfb in this
     process, one compiler session kept as a worker keeps its own (IREE alone, no process start);
     c/d is IREE's own share of a finalisation against IREE's own compile from source, the
@@ -54,6 +57,7 @@ from portkern.portable.builder import build, build_file
 from portkern.portable.compiler import Compiler
 from portkern.portable.lower import BUILD_FLAGS, import_onnx
 from portkern.portable.manifest import load_manifest
+from portkern.portable.source import fitted_phase
 
 
 def median_time(fn, repeat: int) -> float:
@@ -86,22 +90,25 @@ def main() -> int:
         print()
         return 0 if report["ok"] else 1
     print(f"finalise from the bundle vs compile from source, {report['device']}, median of {report['repeat']}")
-    print(f"{'kernel':<20} {'(a) iree-compile':>16} {'(b) bundle':>11} {'(c) in-process':>15} {'(d) source here':>16} "
-          f"{'b/c':>6} {'c/d':>6} {'b/a':>6}  note")
+    print(f"{'kernel':<20} {'(a) iree-compile':>16} {'(b) bundle':>11} {'(c) in-process':>15} {'(c0) verified':>14} "
+          f"{'(d) source here':>16} {'b/c':>6} {'c/c0':>6} {'c/d':>6} {'b/a':>6}  note")
     for r in report["kernels"]:
         note = f"+ ONNX import {r['import_s']:.2f} s not counted in (a)" if r["kind"] == "onnx" else ""
         if r["in_process_s"]:
-            here = (f"{r['in_process_s']:>13.3f} s {r['source_here_s']:>14.3f} s {r['bundle_s'] / r['in_process_s']:>6.2f} "
+            here = (f"{r['in_process_s']:>13.3f} s {r['verified_s']:>12.3f} s {r['source_here_s']:>14.3f} s "
+                    f"{r['bundle_s'] / r['in_process_s']:>6.2f} {r['in_process_s'] / r['verified_s']:>6.2f} "
                     f"{r['in_process_s'] / r['source_here_s']:>6.2f}")
         else:
-            here = f"{'-':>15} {'-':>16} {'-':>6} {'-':>6}"
+            here = f"{'-':>15} {'-':>14} {'-':>16} {'-':>6} {'-':>6} {'-':>6}"
         print(f"{r['kernel']:<20} {r['source_s']:>14.3f} s {r['bundle_s']:>9.3f} s {here} {r['ratio']:>6.2f}  {note}")
     print(f"a fresh worker's start, paid once per process (its first cold kernel): {report['worker_start_s']:.2f} s")
     print(f"median ratio b/a {report['median_ratio']:.2f} (goal <= 0.5)")
     if report["iree_share"] is not None:
         print(f"median c/d {report['iree_share']:.2f}: IREE's own compile from the stored stage against IREE's own from source")
+        print(f"median c/c0 {report['verify_share']:.2f}: verifying the module once against after every pass "
+              f"(code byte-identical: {'yes' if report['identical'] else 'NO'})")
     if not report["ok"]:
-        print("FAILED: a side gave no code")
+        print("FAILED: a side gave no code, or (b), (c) and (c0) gave different code")
     amd = report["amdgpu"]
     if amd:
         print()
@@ -146,6 +153,8 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
         compile_file(str(sources[name]), extra_args=flags, output_file=str(out))
         return out.stat().st_size
 
+    codes: dict[tuple[str, str], bytes] = {}
+
     def from_bundle(pool: Pool, name: str) -> tuple[float, int]:
         loaded = portkern.load(path, store=fresh_store(root), pool=pool)
         plan = loaded.plan(loaded.record(name), target)
@@ -153,10 +162,14 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
         native = loaded.natives.obtain(plan)
         elapsed = time.perf_counter() - start
         assert native.origin == "finalized", native.origin
+        codes["bundle", name] = native.data
         return elapsed, len(native.data)
 
-    def compile_here(name: str) -> int:
-        return len(finalize.finalize(bundle, bundle.kernel(name), target))
+    def compile_here(name: str, verify_each: bool = False) -> int:
+        module, stage = finalize.stage_module(bundle, bundle.kernel(name), target)
+        code = finalize.finish(target, module, fitted_phase(stage), name, verify_each=verify_each)
+        codes["verified" if verify_each else "in_process", name] = code
+        return len(code)
 
     here = Compiler(flags)
 
@@ -164,7 +177,9 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
         module = here.parse(Path(sources[name]).read_bytes(), name=name)
         return len(here.to_vmfb(module, from_phase="start", name=name, safe_indices=False))
 
-    times: dict[str, dict[str, list[float]]] = {n: {"source": [], "bundle": [], "in_process": [], "source_here": []} for n in sources}
+    times: dict[str, dict[str, list[float]]] = {
+        n: {"source": [], "bundle": [], "in_process": [], "verified": [], "source_here": []} for n in sources
+    }
     sizes: dict[str, dict[str, int]] = {n: {} for n in sources}
     starts = []
     with Pool(workers=1) as pool:
@@ -176,8 +191,10 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
             from_source(name)
             if in_process:
                 compile_here(name)
+                compile_here(name, verify_each=True)
                 source_here(name)
-        for _ in range(repeat):
+        for round_ in range(repeat):
+            here_sides = (("in_process", False), ("verified", True))[:: -1 if round_ % 2 else 1]  # in turn
             for name in sources:
                 start = time.perf_counter()
                 sizes[name]["source"] = from_source(name)
@@ -185,14 +202,16 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
                 seconds, sizes[name]["bundle"] = from_bundle(pool, name)
                 times[name]["bundle"].append(seconds)
                 if in_process:
-                    start = time.perf_counter()
-                    sizes[name]["in_process"] = compile_here(name)
-                    times[name]["in_process"].append(time.perf_counter() - start)
+                    for side, verify_each in here_sides:
+                        start = time.perf_counter()
+                        sizes[name][side] = compile_here(name, verify_each)
+                        times[name][side].append(time.perf_counter() - start)
                     start = time.perf_counter()
                     sizes[name]["source_here"] = source_here(name)
                     times[name]["source_here"].append(time.perf_counter() - start)
     first = next(iter(sources))
     warm_first = statistics.median(times[first]["bundle"])
+    identical = all(len({code for (_, kernel), code in codes.items() if kernel == name}) == 1 for name in sources)
     rows = []
     for name in sources:
         row = {f"{side}_s": statistics.median(values) if values else None for side, values in times[name].items()}
@@ -206,8 +225,10 @@ def cpu_rows(root: Path, repeat: int, in_process: bool = True) -> dict:
         "kernels": rows,
         "median_ratio": statistics.median(r["ratio"] for r in rows),
         "iree_share": statistics.median(r["in_process_s"] / r["source_here_s"] for r in rows) if in_process else None,
+        "verify_share": statistics.median(r["in_process_s"] / r["verified_s"] for r in rows) if in_process else None,
+        "identical": identical,
         "worker_start_s": max(0.0, statistics.median(starts) - warm_first),
-        "ok": all(all(size > 0 for size in r["sizes"].values()) for r in rows),
+        "ok": identical and all(all(size > 0 for size in r["sizes"].values()) for r in rows),
     }
 
 

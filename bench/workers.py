@@ -7,7 +7,10 @@
   cost) into an empty cache with a fresh pool of 1 and of 2 workers, ratio 1/2: once with the
   workers' start-up included (a fresh process that finalises at once), once with the workers
   started before the clock (`Pool.start`: a process that starts its pool while it does other
-  work). The pool hands out the largest kernels first.
+  work). The pool hands out the largest kernels first; two workers that fill two cores compile
+  on one thread each (`jit.workers.compiler_threads`), one worker alone on the compiler's threads.
+  Printed with each round's ratio and the workers' CPU seconds (CPU well under the wall time:
+  other processes held the cores, and the ratios are not the pool's).
 - the workers' start: seconds until a fresh pool's workers are ready (`Pool.start`, compiler
   imported), one worker alone and two at once (until both are ready), and the ratio the
   start-up-included warm-up could reach with those starts and the started-first runs:
@@ -60,9 +63,10 @@ def fresh_store(root: Path) -> Store:
     return Store(CacheConfig(Path(tempfile.mkdtemp(dir=root)), 1 << 32, False))
 
 
-def warm_up(path: Path, root: Path, workers: int, started: bool = False) -> float:
+def warm_up(path: Path, root: Path, workers: int, started: bool = False) -> tuple[float, float]:
     """Seconds to prepare every kernel into an empty cache with a fresh pool of `workers`
-    (`started`: the workers started and ready before the clock)."""
+    (`started`: the workers started and ready before the clock), and the CPU seconds its workers
+    used in all (their start included)."""
     with Pool(workers=workers) as pool:
         bundle = portkern.load(path, store=fresh_store(root), pool=pool)
         if started:
@@ -70,8 +74,9 @@ def warm_up(path: Path, root: Path, workers: int, started: bool = False) -> floa
         start = time.perf_counter()
         prepared = bundle.prepare("cpu", workers=workers)
         elapsed = time.perf_counter() - start
+        cpu = sum(cpu_seconds(pid) for pid in pool.pids)
     assert all(n.origin == "finalized" for n in prepared.values()), prepared
-    return elapsed
+    return elapsed, cpu
 
 
 def worker_start(workers: int) -> float:
@@ -184,12 +189,15 @@ def main() -> int:
         cold_pair(path, root, cold_pool, name)
 
     warm: dict[tuple[int, bool], list[float]] = {(w, up): [] for w in (1, 2) for up in (False, True)}
+    warm_cpu: dict[tuple[int, bool], list[float]] = {side: [] for side in warm}
     starts: dict[int, list[float]] = {1: [], 2: []}
     further: dict[str, list[float]] = {}
     cold: dict[str, dict[str, list[float]]] = {n: {"worker": [], "in_process": [], "worker_cpu": [], "in_process_cpu": []} for n in names}
-    for _ in range(args.repeat):
-        for workers, up in warm:
-            warm[workers, up].append(warm_up(warm_path, root, workers, up))
+    for round_ in range(args.repeat):
+        for workers, up in (list(warm) if round_ % 2 == 0 else list(warm)[::-1]):
+            seconds, cpu = warm_up(warm_path, root, workers, up)
+            warm[workers, up].append(seconds)
+            warm_cpu[workers, up].append(cpu)
         for workers in starts:
             starts[workers].append(worker_start(workers))
         for name, seconds in warm_kernel_times(path, root).items():
@@ -209,6 +217,10 @@ def main() -> int:
         "warm_up_started_1_worker_s": med(warm[1, True]),
         "warm_up_started_2_workers_s": med(warm[2, True]),
         "warm_up_started_speedup": med(warm[1, True]) / med(warm[2, True]),
+        "warm_up_ratios": [one / two for one, two in zip(warm[1, False], warm[2, False])],
+        "warm_up_started_ratios": [one / two for one, two in zip(warm[1, True], warm[2, True])],
+        "warm_up_1_worker_cpu_s": med(warm_cpu[1, False]),
+        "warm_up_2_workers_cpu_s": med(warm_cpu[2, False]),
         "worker_start_alone_s": med(starts[1]),
         "worker_start_two_s": med(starts[2]),
         "warm_kernel_ms": {n: med(v) * 1e3 for n, v in further.items()},
@@ -232,9 +244,11 @@ def main() -> int:
         return 0
     print(f"parallel warm-up of {warm_count} kernels (5 examples + GEMMs of varied sizes), fresh pool:")
     print(f"  start-up included: 1 worker {result['warm_up_1_worker_s']:.2f} s, 2 workers {result['warm_up_2_workers_s']:.2f} s: "
-          f"{result['warm_up_speedup']:.2f}x (goal >= 1.6)")
+          f"{result['warm_up_speedup']:.2f}x (goal >= 1.6); rounds {', '.join(f'{r:.2f}' for r in result['warm_up_ratios'])}")
+    print(f"    the workers' CPU: 1 worker {result['warm_up_1_worker_cpu_s']:.2f} s, 2 workers {result['warm_up_2_workers_cpu_s']:.2f} s")
     print(f"  workers started first: 1 worker {result['warm_up_started_1_worker_s']:.2f} s, 2 workers "
-          f"{result['warm_up_started_2_workers_s']:.2f} s: {result['warm_up_started_speedup']:.2f}x")
+          f"{result['warm_up_started_2_workers_s']:.2f} s: {result['warm_up_started_speedup']:.2f}x; "
+          f"rounds {', '.join(f'{r:.2f}' for r in result['warm_up_started_ratios'])}")
     print(f"  workers' start until ready: one alone {result['worker_start_alone_s']:.2f} s, two at once "
           f"{result['worker_start_two_s']:.2f} s; start-up-included ratio those starts allow: {result['warm_up_start_bound']:.2f}x")
     print(f"warm kernel() per further kernel: median {result['warm_kernel_median_ms']:.2f} ms "

@@ -47,9 +47,8 @@ class CacheConfig:
 
 
 def default_directory() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("portkern", appauthor=False))
+    """The user cache directory (`settings.user_dir`)."""
+    return settings.user_dir("cache")
 
 
 def from_env(directory: str | Path | None = None) -> CacheConfig:

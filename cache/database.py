@@ -43,6 +43,9 @@ _RECORDS = "CREATE TABLE IF NOT EXISTS portkern_records (name TEXT PRIMARY KEY, 
 #: diskcache's table, and its value mode of text kept in a file (as UTF-8).
 LEGACY = "Cache"
 _DISKCACHE_TEXT = 3
+#: A record's value (NULL: none), and whether diskcache's table is there: one statement, a miss included.
+_GET = ("SELECT (SELECT value FROM portkern_records WHERE name = ?),"
+        " EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)")
 
 Value = bytes | str
 
@@ -180,16 +183,14 @@ class Database:
     def get(self, name: str) -> Value | None:
         """A record's value (bytes or text as stored), or None; from diskcache's table when this
         layout has none of that name and an older release keeps records there."""
-        row = self.con.execute("SELECT value FROM portkern_records WHERE name = ?", (name,)).fetchone()
-        if row is not None:
-            value: Value = row[0]
+        row = self.con.execute(_GET, (name, LEGACY)).fetchone()
+        value: Value | None = row[0]
+        if value is not None or not row[1]:  # (row[1]: diskcache's table is there)
             return value
-        if not self.legacy():
-            return None
-        found = self._legacy_get(name)
-        if found is not None:
+        value = self._legacy_get(name)
+        if value is not None:
             self._local.legacy_read = True
-        return found
+        return value
 
     def set(self, name: str, value: Value) -> None:
         self.con.execute("INSERT OR REPLACE INTO portkern_records VALUES (?, ?)", (name, value))

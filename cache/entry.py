@@ -61,15 +61,15 @@ class Entry:
         if not isinstance(data, dict):
             raise CorruptRecordError("not a JSON object")
         values = {}
-        for f in fields(cls):
-            if f.name not in data:
-                if f.name in _REQUIRED:
-                    raise CorruptRecordError(f"field {f.name!r} is missing")
+        for name, required, check in _READ:
+            if name not in data:
+                if required:
+                    raise CorruptRecordError(f"field {name!r} is missing")
                 continue
-            value = data[f.name]
-            if not _FIELD_CHECKS[f.name](value):
-                raise CorruptRecordError(f"field {f.name!r} has the wrong type")
-            values[f.name] = value
+            value = data[name]
+            if not check(value):
+                raise CorruptRecordError(f"field {name!r} has the wrong type")
+            values[name] = value
         return cls(**values)
 
 
@@ -94,3 +94,5 @@ _FIELD_CHECKS: dict[str, Callable[[Any], bool]] = {
     "finalize_s": _number,
     "kernel_time_s": lambda v: v is None or _number(v),
 }
+#: Each field in order: its name, whether a record must have it, and its type check.
+_READ = tuple((f.name, f.name in _REQUIRED, _FIELD_CHECKS[f.name]) for f in fields(Entry))

@@ -22,6 +22,7 @@ different parameter spaces (or none) keep separate selections.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ def _hash(parts: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
+@functools.lru_cache(maxsize=4096)
 def kernel_digest(kind: str, entry: str, stage_blob: str) -> str:
     """Content digest of a kernel: what it computes, independent of bundle and name."""
     return _hash({"kind": kind, "entry": entry, "stage": stage_blob})

@@ -36,7 +36,6 @@ from __future__ import annotations
 import atexit
 import hashlib
 import json
-import logging
 import os
 import sqlite3
 import time
@@ -48,6 +47,7 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Itera
 
 from portkern.base import settings
 from portkern.base.errors import CacheError
+from portkern.base.logs import logger
 from portkern.cache import index
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
 from portkern.cache.database import DATABASE, Database, identity, writable
@@ -65,7 +65,7 @@ _T = TypeVar("_T")
 
 __all__ = ["CacheWarning", "Entry", "Filter", "Finding", "Store", "default_store", "matches_device", "UNUSABLE"]
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 #: Set (to the reason) in a stored tuning result whose config failed to build on its device:
 #: the record stays (an import or the remote tier would bring it back) but is not used again.
@@ -132,6 +132,8 @@ class _Layer:
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
+        #: Its database file (whose identity every lookup compares with the one open).
+        self.database = directory / DATABASE
         self.db: Database | None = None
         self.identity: tuple[int, int] | None = None
         self.broken: str | None = None
@@ -200,13 +202,13 @@ class Store:
         `layer.identity` (a database another process replaces during the open is opened again)."""
         for _ in range(3):
             db = self._connect_once(layer)
-            if layer.identity == identity(layer.directory / DATABASE):
+            if layer.identity == identity(layer.database):
                 return db
             db.close()  # cleared or moved aside while it was opened: which file it opened is unknown
         return self._connect_once(layer)
 
     def _connect_once(self, layer: _Layer) -> Database:
-        seen = identity(layer.directory / DATABASE)
+        seen = identity(layer.database)
         layer.read_only = not writable(layer.directory)
         layer.refused = None
         if layer.read_only:
@@ -224,7 +226,7 @@ class Store:
                     if not self._installed(db):
                         self._install(db)
             self._adopt(db)
-            now = identity(layer.directory / DATABASE)
+            now = identity(layer.database)
             layer.identity = now if seen is None or now == seen else None  # None: replaced during the open
         except BaseException:
             db.close()
@@ -265,13 +267,13 @@ class Store:
                 removed += 1
         if added or removed:
             log.info("portkern cache at %s: %d entries an older portkern wrote indexed, %d index rows of entries it "
-                     "removed dropped", db.directory, added, removed)
+                        "removed dropped", db.directory, added, removed)
         return added + removed
 
     def _read_instead(self, layer: _Layer, exc: BaseException) -> Database:
         """A directory that cannot be opened for writing (a full disk), opened to read its entries;
         `exc` again when it cannot be read either."""
-        if not (layer.directory / DATABASE).is_file():
+        if not layer.database.is_file():
             raise exc
         try:
             db = Database(layer.directory, read_only=True)
@@ -300,10 +302,10 @@ class Store:
             if layer.retry_in == 0:
                 self._close_connection(layer)
                 layer.broken = None
-        if layer.db is not None and identity(layer.directory / DATABASE) != layer.identity:
+        if layer.db is not None and identity(layer.database) != layer.identity:
             self._close_connection(layer)  # cleared or moved aside by another process: open the new one
         if layer.db is None and layer.broken is None:
-            before = identity(layer.directory / DATABASE)
+            before = identity(layer.database)
             try:
                 layer.db = self._connect(layer)
             except Exception as exc:  # noqa: BLE001 - any cache failure degrades, never fails
@@ -340,7 +342,7 @@ class Store:
             return False
         layer.moved_aside = True
         self._close_connection(layer)
-        database = layer.directory / DATABASE
+        database = layer.database
         if identity(database) != seen:
             return True  # another process already replaced it
         from portkern.cache import repair  # (verify, clear and damage only: not on a lookup's path)

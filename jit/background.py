@@ -20,15 +20,15 @@ child's kernel keeps its baseline and `wait` says so.
 from __future__ import annotations
 
 import atexit
-import logging
 import os
 import threading
 from typing import Callable, Generic, Protocol, TypeVar
 
 from portkern.base import settings
 from portkern.base.errors import FinalizeError, PortkernError
+from portkern.base.logs import logger
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 ENV = settings.BACKGROUND
 

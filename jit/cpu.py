@@ -26,9 +26,6 @@ from portkern.jit.target import Probe, Target, memoised, resolve_executable_targ
 
 KIND = "cpu"
 
-_TARGET_ATTR = re.compile(r'#hal\.executable\.target<"llvm-cpu", "[^"]+", \{(.*?)\}>')
-
-
 #: `arch` of this machine's CPU as identified without LLVM: IREE compiles for LLVM's `host`.
 HOST = "host"
 
@@ -180,7 +177,7 @@ def _probe_in_this_process(cpu: str) -> DeviceFingerprint:
 
 def _resolved_attrs(cpu: str, target_flags: tuple[str, ...]) -> dict[str, str]:
     """The string attributes of the `llvm-cpu` executable target IREE resolves for the flags."""
-    match = _TARGET_ATTR.search(resolve_executable_target(target_flags))
+    match = re.search(r'#hal\.executable\.target<"llvm-cpu", "[^"]+", \{(.*?)\}>', resolve_executable_target(target_flags))
     if match is None:
         raise DeviceError(f"could not read the IREE CPU target for {cpu!r}")
     return dict(re.findall(r'([\w.]+) = "([^"]*)"', match.group(1)))

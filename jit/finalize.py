@@ -160,10 +160,12 @@ def to_configurations(module, from_phase: str, target: Target, name: str):
         raise FinalizeError(f"{target.label}: {exc}") from None
 
 
-def finish(target: Target, module, from_phase: str, name: str) -> bytes:
-    """A copy of `module`, compiled from `from_phase` to native code for `target`."""
+def finish(target: Target, module, from_phase: str, name: str, verify_each: bool = False) -> bytes:
+    """A copy of `module`, compiled from `from_phase` to native code for `target`. The module is
+    verified before the first pass; IREE's passes are not each verified again unless
+    `verify_each` (as `iree-compile` does): the code is the same either way."""
     try:
-        native = compiler_for(target).to_vmfb(module, from_phase=from_phase, name=name)
+        native = compiler_for(target).to_vmfb(module, from_phase=from_phase, name=name, verify_each=verify_each)
     except CompileError as exc:
         raise FinalizeError(f"{target.label}: {exc}") from None
     codeobject.check(native, target.fingerprint)

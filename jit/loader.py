@@ -9,7 +9,6 @@ opened with (`portkern.load` gives the tuner's); `jit` itself never tunes.
 
 from __future__ import annotations
 
-import logging
 import warnings
 import weakref
 from dataclasses import replace
@@ -31,7 +30,7 @@ from portkern.base.errors import (
     TuningError,
     one_line,
 )
-from portkern.cache import metrics
+from portkern.base.logs import logger
 from portkern.cache.keys import validated_key
 from portkern.cache.store import Store, default_store
 from portkern.cache.tuning import TuningDB
@@ -52,7 +51,7 @@ if TYPE_CHECKING:
     from portkern.jit.background import Specialisation
     from portkern.jit.workers import Pool
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 #: `tune=` values that never search.
 NO_SEARCH = (None, "none", "default")
@@ -100,6 +99,8 @@ def load(
     try:
         check_signature(bundle, Path(path), data, store)
     except SignatureError:
+        from portkern.cache import metrics
+
         metrics.refused(store, metrics.BUNDLE_SIGNATURE)
         raise
     check_kernels(bundle)

@@ -12,7 +12,6 @@ this process.
 
 from __future__ import annotations
 
-import logging
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -20,7 +19,8 @@ from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 from portkern.base import settings
 from portkern.base.errors import BundleError, CompileForbiddenError, DeviceError, FinalizeError, PortkernError
-from portkern.cache import keys, metrics
+from portkern.base.logs import logger
+from portkern.cache import keys
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
 from portkern.cache.store import Entry, Filter, Store
@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # the worker pool is loaded when something is compiled (a war
     from portkern.jit.parameters import KernelParameters, MappedSection
     from portkern.jit.workers import Job, Pool, Result, Source
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 DEFAULT_CONFIG = "default"
 #: The device kinds whose code objects `jit.codeobject` reads (other code is not inspected).
@@ -367,6 +367,7 @@ class NativeCode:
         remote = self.store.remote
         if remote is None:
             return None
+        from portkern.cache import metrics
         from portkern.cache.remote import REFUSED as REMOTE_REFUSED  # imported with the store's remote tier
 
         lookup = remote.lookup_native(plan.hex)
@@ -440,6 +441,8 @@ class NativeCode:
 
     def _job(self, index: int, plan: Plan) -> Job:
         if settings.compile_mode() == settings.COMPILE_NEVER:
+            from portkern.cache import metrics
+
             metrics.refused(self.store, metrics.COMPILE_FORBIDDEN)
             config = "" if plan.config == DEFAULT_CONFIG else f" (config {plan.config[:80]!r})"
             raise CompileForbiddenError(
@@ -454,6 +457,8 @@ class NativeCode:
         return compile_job(index, plan.name, plan.target, self.source(plan), plan.config)
 
     def _store(self, plan: Plan, result: Result) -> Native | PortkernError:
+        from portkern.cache import metrics  # (counted where something was compiled)
+
         metrics.compiled(self.store, result.wall_s, result.ok)
         if not result.ok:
             return result.error_for(plan.name, plan.target)

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import errno
 import io
-import logging
 import mmap
 import os
 import shutil
@@ -50,6 +49,8 @@ from typing import BinaryIO, cast
 
 from portkern.base.errors import BundleChangedError, BundleError, BundleTruncatedError
 from portkern.base.framing import HEADER_SIZE
+from portkern.base.logs import logger
+from portkern.base.settings import format_size
 from portkern.cache.keys import parameters_key
 from portkern.cache.repair import PARAMETERS
 from portkern.cache.scratch import part_path, stale_part
@@ -57,7 +58,7 @@ from portkern.cache.store import Store
 from portkern.portable.bundle import Bundle, KernelRecord
 from portkern.portable.parameters import Parameter, ParameterSection, check_file_size, verify_chunks
 
-log = logging.getLogger(__name__)
+log = logger(__name__)
 
 #: Store record kind of the memo "these chunks of this file were checked".
 RECORD_KIND = "w"
@@ -85,6 +86,11 @@ class KernelParameters:
     buffer: mmap.mmap
     section: ParameterSection
     entries: tuple[Parameter, ...]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the kernel's parameters."""
+        return sum(p.size for p in self.entries)
 
     def scopes(self) -> dict[str, list[tuple[str, int, int]]]:
         """Per scope: (name, file offset, size) of each parameter."""
@@ -209,7 +215,7 @@ class MappedSection:
             found = self._checked_copy(folder / name)
             if found is not None:
                 return found
-        size = _size_text(st.st_size)
+        size = format_size(st.st_size)
         if writable is None:
             log.warning("%s: its parameters (%s) are read into this process's memory: no cache directory is writable for a copy", self.path, size)
             return None
@@ -223,7 +229,7 @@ class MappedSection:
                 free = shutil.disk_usage(writable).free
                 if free < st.st_size + SPARE_BYTES:
                     log.warning("%s: its parameters (%s) are read into this process's memory: %s has %s free, too little for a copy",
-                                self.path, size, writable, _size_text(free))
+                                self.path, size, writable, format_size(free))
                     return None
                 return self._copy(f, st, writable / name, where)
             except OSError as exc:
@@ -266,17 +272,18 @@ class MappedSection:
         part = part_path(target)
         out = open(os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600), "r+b", buffering=0)
         try:
+            damaged: BundleError | None = None
             try:
                 _copy_range(f.fileno(), out.fileno(), 0, self.section.offset)
                 for index in range(len(self.section.chunks)):
                     _copy_range(f.fileno(), out.fileno(), *self.section.chunk_span(index))
                     verify_chunks(cast(BinaryIO, out), self.section, [index], where)
-            except BundleError:
-                if _changed(f.fileno(), st):
-                    raise BundleChangedError(f"{self.path}: the bundle file was changed in place while its parameters were copied: load it again") from None
-                raise
+            except BundleError as e:
+                damaged = e
             if _changed(f.fileno(), st):
-                raise BundleChangedError(f"{self.path}: the bundle file was changed in place while its parameters were copied: load it again")
+                raise BundleChangedError(f"{self.path}: the bundle file was changed in place while its parameters were copied: load it again") from None
+            if damaged is not None:
+                raise damaged
             os.fsync(out.fileno())
             os.fchmod(out.fileno(), 0o444)
             os.replace(part, target)
@@ -293,7 +300,7 @@ class MappedSection:
         key = copy_key(target, made, self.section.root)
         forget(self.store, {str(target)})  # the copy this one replaced, if any
         self.store.put_record(RECORD_KIND, key, {"chunks": list(range(len(self.section.chunks))), "path": str(target)})
-        log.debug("%s: parameters copied to %s and checked (%s, %.2f s)", self.path, target, _size_text(made.st_size), time.monotonic() - started)
+        log.debug("%s: parameters copied to %s and checked (%s, %.2f s)", self.path, target, format_size(made.st_size), time.monotonic() - started)
         return buffer, key
 
     # --- kernels ------------------------------------------------------------------------
@@ -389,7 +396,3 @@ def _copy_range(source: int, target: int, offset: int, length: int) -> None:
         if not count:
             raise BundleTruncatedError(f"the bundle file ends at byte {offset}, inside its parameter section")
         offset += count
-
-
-def _size_text(size: int) -> str:
-    return f"{size / (1 << 30):.1f} GiB" if size >= 1 << 30 else f"{size / (1 << 20):.1f} MiB"

@@ -1,12 +1,12 @@
 """Running native IREE code (vmfb) on NumPy arrays, from any thread and in forked children.
 
-Where a CPU call runs (`local-task` kernels): on the calling thread (IREE's `local-sync`
-driver), unless its arguments total `PORTKERN_EXECUTOR_MIN_BYTES` or more (`settings.
-executor_min_bytes`, read when the executable is made): such a call runs on the process's task
-executor, spread over the cores. In a forked child (a pre-fork server's worker, whose siblings
-share the cores) every call runs on the calling thread. The rule reads the arguments' sizes,
-the setting and whether the process was forked, nothing timed, so the same call always runs
-the same way. The runtime releases the GIL while a call runs, so threads calling kernels
+Where a CPU call runs (`local-task` kernels; `call_driver`): on the calling thread (IREE's
+`local-sync` driver), unless its arguments and the parameters (weights) it reads total
+`PORTKERN_EXECUTOR_MIN_BYTES` or more (`settings.executor_min_bytes`, read when the executable
+is made): such a call runs on the process's task executor, spread over the cores. In a forked
+child (a pre-fork server's worker, whose siblings share the cores) every call runs on the
+calling thread. The rule reads sizes, the setting and whether the process was forked, nothing
+timed, so the same call always runs the same way. The runtime releases the GIL while a call runs, so threads calling kernels
 whose native work outweighs their Python work keep several cores busy; calls that are mostly
 Python work do not speed up with threads, and processes scale them (docs/serving.md). On the
 CPU a call with NumPy arrays is one runtime call (`jit/vmcall.py`).
@@ -219,6 +219,18 @@ def _parameters_module(rt, instance, parameters: "KernelParameters"):
     return rt.create_io_parameters_module(instance, *providers)
 
 
+def call_driver(driver: str, nbytes: int, min_bytes: int | None = None) -> str:
+    """The driver a call that reads `nbytes` (its arguments and the parameters of its kernel)
+    runs on, for code loaded on `driver`: the calling thread's (`local-sync`) for `local-task`
+    code unless `nbytes` reaches `min_bytes` (default: `PORTKERN_EXECUTOR_MIN_BYTES`) outside a
+    forked child; any other driver as it is."""
+    inline = INLINE.get(driver)
+    if inline is None or _process.forked:
+        return inline or driver
+    limit = settings.executor_min_bytes() if min_bytes is None else min_bytes
+    return driver if nbytes >= limit else inline
+
+
 class Executable:
     """A loaded vmfb whose entry function takes and returns NumPy arrays; `parameters`: the
     named parameters (weights) it reads, from their bundle's bytes in memory."""
@@ -229,8 +241,10 @@ class Executable:
         self.parameters = parameters
         self._vmfb = vmfb
         self._loaded: dict[str, _Loaded] = {}
-        #: Calls whose arguments total this many bytes or more run on the task executor.
+        #: Calls whose arguments and parameters total this many bytes or more run on the task executor.
         self.executor_min_bytes = settings.executor_min_bytes()
+        #: Bytes of the parameters every call reads.
+        self.weight_bytes = parameters.nbytes if parameters is not None else 0
         with _process.calls:  # loaded where most calls run: a CPU kernel's small calls run on the calling thread
             self._load(INLINE.get(driver, driver))
 
@@ -269,14 +283,9 @@ class Executable:
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
     def driver_for(self, arrays) -> str:
-        """The driver a call on these arrays runs on: the calling thread's (`local-sync`) for
-        a `local-task` kernel unless the arrays total `executor_min_bytes` or more outside a
-        forked child; any other driver as it is."""
-        inline = INLINE.get(self.driver)
-        if inline is None or _process.forked:
-            return inline or self.driver
-        size = sum(getattr(array, "nbytes", 0) for array in arrays)
-        return self.driver if size >= self.executor_min_bytes else inline
+        """The driver a call on these arrays runs on (`call_driver`)."""
+        size = self.weight_bytes + sum(getattr(array, "nbytes", 0) for array in arrays)
+        return call_driver(self.driver, size, self.executor_min_bytes)
 
     def __call__(self, *arrays: np.ndarray) -> list[np.ndarray]:
         """Run on NumPy arrays (or device arrays from `upload`); the results as NumPy arrays."""

@@ -8,8 +8,8 @@ keeps its compiler sessions and parsed modules between jobs. Messages are
 length-prefixed msgpack frames on stdin/stdout (nothing is pickled); anything
 a compiler prints goes to stderr so it cannot corrupt the channel.
 
-    parent -> worker: jobs {"id", "kind", "memory", ...}
-    worker -> parent: {"ready": pid} once, then one {"id", "ok", "error", "error_type", ...} per job
+    parent -> worker: jobs {"id", "kind", "memory", "threads", ...}
+    worker -> parent: {"ready": pid, "cpu_s"} once, then one {"id", "ok", "error", "error_type", "job_s", "cpu_s", ...} per job
 
 Job kinds: "compile" (a vmfb for a kernel config), "analyse" (the module at
 `executable-configurations` and its dispatches as plain data), "opencl" (a
@@ -138,12 +138,21 @@ def _readable(source: dict, name: str) -> None:
         finalize.check_stage(Stage.from_dict(source["stage"]), name)
 
 
+def _threaded(target, job: dict) -> None:
+    """Let the target's compiler session use its own threads for this job, or not (the job's
+    "threads", set by the pool from the jobs running beside it; the code is the same either way)."""
+    from portkern.jit import finalize
+
+    finalize.compiler_for(target).context.enable_multithreading(job.get("threads", True) is not False)
+
+
 def _compile(state: _State, job: dict) -> dict:
     from portkern.jit import finalize, handlers
 
     target, source, name = _target(job["target"]), job["source"], job["name"]
     _readable(source, name)
     start = time.perf_counter()
+    _threaded(target, job)  # (the target's compiler session made here on a worker's first job: part of its setup)
     if job["config"] == "default":
         module = state.module(target, source, name)
         setup = time.perf_counter()
@@ -166,6 +175,7 @@ def _analyse(state: _State, job: dict) -> dict:
     _readable(job["source"], name)
     dispatches = handlers.resolve(job.get("handler"))
     start = time.perf_counter()
+    _threaded(target, job)
     configured = state.at_configurations(target, job["source"], name)
     found = dispatches(configured)
     return {"configured": bytecode(configured), "dispatches": list(found), "setup_s": time.perf_counter() - start}
@@ -281,11 +291,11 @@ def main() -> int:
     import portkern.jit.target  # noqa: F401
 
     state = _State()
-    write_frame(channel, {"ready": os.getpid()})
+    write_frame(channel, {"ready": os.getpid(), "cpu_s": time.process_time()})
     while (job := read_frame(requests)) is not None:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         result = run_job(state, job)
-        result["job_s"] = time.perf_counter() - start
+        result["job_s"], result["cpu_s"] = time.perf_counter() - start, time.process_time() - cpu
         write_frame(channel, result)
     return 0
 

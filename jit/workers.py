@@ -13,7 +13,9 @@ under two bounds read from the settings (`portkern.base.settings`) when it is ha
 A worker that dies (segfault, abort, out of memory) or overruns is killed,
 its job is reported as "crash", "oom" or "timeout", and a fresh worker takes
 its place. (A `ProcessPoolExecutor` breaks for good on the first segfault.)
-Workers start only when there is a job for them.
+Workers start only when there is a job for them. A job that runs beside others
+filling the cores compiles on one thread, a job with cores to spare on the
+compiler's own threads (`compiler_threads`); the code is the same.
 
 At exit every pool's workers are killed and reaped, and no worker starts again: jobs in
 hand and jobs not yet handed out end as "stopped", and the exit waits for no job and
@@ -174,6 +176,8 @@ class Result(Compiled):
     wall_s: float = 0.0
     #: From the job's message read to its result ready, in the worker (the rest of `wall_s`: the messages).
     job_s: float = 0.0
+    #: CPU time of the worker process (all its threads) over `job_s`.
+    cpu_s: float = 0.0
 
     def error_for(self, name: str, target: Target | None = None) -> PortkernError:
         """The typed error this failure stands for: the worker's own type, else `FinalizeError`
@@ -210,17 +214,19 @@ class _Worker:
         self.started = 0.0
         self.timeout = 0.0
         self.memory = 0
+        #: Whether the job in hand may use the compiler's own threads (`compiler_threads`).
+        self.threads = True
         self.done = 0
 
     @property
     def pid(self) -> int:
         return self.process.pid
 
-    def send(self, job: Job, timeout: float, memory: int) -> bool:
-        self.job, self.started, self.timeout, self.memory = job, time.perf_counter(), timeout, memory
+    def send(self, job: Job, timeout: float, memory: int, threads: bool = True) -> bool:
+        self.job, self.started, self.timeout, self.memory, self.threads = job, time.perf_counter(), timeout, memory, threads
         self.deadline = self.started + timeout
         target = target_message(job.target) if job.target is not None else None
-        message = {"id": job.id, "kind": job.kind, "name": job.name, "memory": memory, "target": target, **job.payload}
+        message = {"id": job.id, "kind": job.kind, "name": job.name, "memory": memory, "threads": threads, "target": target, **job.payload}
         try:
             write_frame(self.stdin, message)
             return True
@@ -410,7 +416,9 @@ class Pool:
                     job = todo.popleft()
                     if on_start is not None:
                         on_start(job, worker.pid)
-                    if not worker.send(job, job.timeout or timeout, memory):
+                    # the jobs that will run beside this one: those in hand, and those left for the run's other workers
+                    beside = min(size, sum(w.job is not None for w in self._workers) + 1 + len(todo))
+                    if not worker.send(job, job.timeout or timeout, memory, compiler_threads(beside)):
                         if self._stopping:  # killed by `stop_now`
                             finish(worker, Result(id=job.id, status="stopped", error="the process is exiting; the job was stopped"))
                         else:
@@ -465,7 +473,8 @@ class Pool:
         elif "ready" in message and not worker.ready:
             worker.ready = True
             self._start_failures = 0
-            log.debug("worker %d ready %.3f s after its start", worker.pid, time.perf_counter() - worker.spawned)
+            log.debug("worker %d ready %.3f s after its start (CPU %.3f s)", worker.pid, time.perf_counter() - worker.spawned,
+                      float(message.get("cpu_s") or 0.0))
         elif worker.job is not None and message.get("id") == worker.job.id:
             ok = bool(message.get("ok"))
             error_type = str(message.get("error_type") or "")
@@ -473,7 +482,7 @@ class Pool:
             error = str(message.get("error") or "")
             if status == "oom":
                 error, error_type = self._oom_message(worker), ""
-            times = {k: float(message.get(k) or 0.0) for k in ("setup_s", "stamp_s", "compile_s", "job_s")}
+            times = {k: float(message.get(k) or 0.0) for k in ("setup_s", "stamp_s", "compile_s", "job_s", "cpu_s")}
             data = {k: v for k, v in message.items() if k not in ("id", "ok", "error", "error_type", "retire", *times)}
             job = worker.job
             result = Result(id=job.id, status=status, error=error, error_type=error_type, data=data, **times)
@@ -481,8 +490,9 @@ class Pool:
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "%s job %d (%s) on worker %d: %s, %.3f s (in the worker %.3f s: setup %.3f, stamp %.3f, compile %.3f; "
-                    "messages %.3f s)", job.kind, job.id, job.name, worker.pid, status, result.wall_s, result.job_s,
-                    result.setup_s, result.stamp_s, result.compile_s, result.wall_s - result.job_s,
+                    "CPU %.3f s%s; messages %.3f s)", job.kind, job.id, job.name, worker.pid, status, result.wall_s, result.job_s,
+                    result.setup_s, result.stamp_s, result.compile_s, result.cpu_s, "" if worker.threads else ", one thread",
+                    result.wall_s - result.job_s,
                 )
             if message.get("retire") or status == "oom":
                 self._replace(worker, kill=True)
@@ -517,8 +527,16 @@ def cores() -> int:
 
 
 def default_workers() -> int:
-    """One worker per core: compiles are single-threaded."""
+    """One worker per core (a compile beside others runs on one thread: `compiler_threads`)."""
     return max(1, min(cores(), 8))
+
+
+def compiler_threads(running: int) -> bool:
+    """Whether a job may use the compiler's own threads (MLIR's, for IREE's parallel passes and
+    code generation) when `running` jobs, itself included, run at once: only while they leave a
+    core free beside each; jobs that fill the cores compile on one thread each. The code is the
+    same either way."""
+    return 2 * running <= cores()
 
 
 _shared: Pool | None = None

@@ -236,11 +236,11 @@ class Bundle:
     parameter_data: tuple[ParameterData, ...] = ()
 
     def kernel(self, name: str) -> KernelRecord:
-        from portkern.base.errors import KernelNotFoundError, did_you_mean
-
         for record in self.kernels:
             if record.name == name:
                 return record
+        from portkern.base.errors import KernelNotFoundError, did_you_mean
+
         names = [k.name for k in self.kernels]
         hint = did_you_mean(name, names)
         raise KernelNotFoundError(f"bundle {self.name!r} has no kernel {name!r}{hint} (it has: {', '.join(names) or 'none'})")

@@ -61,6 +61,7 @@ def _api() -> Any:
                 ctypes.c_void_p,
                 ctypes.c_char_p,
             ]
+        lib.ireeCompilerInvocationSetVerifyIR.argtypes = [ctypes.c_void_p, ctypes.c_bool]
         lib.ireeCompilerInvocationEnableCallbackDiagnostics.argtypes = [
             ctypes.c_void_p,
             ctypes.c_int,
@@ -134,16 +135,23 @@ class Compiler:
                 inv.close()
 
     def to_vmfb(
-        self, module: "ir.Module | ir.Operation", *, from_phase: str, name: str = "module", safe_indices: bool = True
+        self,
+        module: "ir.Module | ir.Operation",
+        *,
+        from_phase: str,
+        name: str = "module",
+        safe_indices: bool = True,
+        verify_each: bool = True,
     ) -> bytes:
         """Compile a copy of `module` from `from_phase` to a VM flatbuffer (vmfb), its runtime
-        indices clamped as `lower` does."""
+        indices clamped as `lower` does. `verify_each=False`: the module is verified once, before
+        the first pass, not again after every pass (IREE's default); the code is the same."""
         from iree.compiler.api import Output
 
         with self._lock:
             if safe_indices:
                 module, from_phase = self._safe_input(module, from_phase, "end", name)
-            inv, diagnostics = self._run(module, from_phase, "end", name)
+            inv, diagnostics = self._run(module, from_phase, "end", name, verify_each)
             try:
                 output = Output.open_membuffer()
                 try:
@@ -175,13 +183,25 @@ class Compiler:
             raise CompileError(f"{name}: cannot make its indices safe at phase {SAFE_PHASE}: {one_line(exc, limit=400)}") from None
         return _Owned(safe), SAFE_PHASE
 
-    def _run(self, module: Any, from_phase: str, to_phase: str, name: str) -> tuple[Any, list[tuple[str, str]]]:
+    def _run(
+        self, module: Any, from_phase: str, to_phase: str, name: str, verify_each: bool = True
+    ) -> tuple[Any, list[tuple[str, str]]]:
         _check_phase(from_phase)
         _check_phase(to_phase)
         lib = _api()
         # the caller's module is left as it was: a copy is compiled (one made here needs none)
         op = module.op if isinstance(module, _Owned) else getattr(module, "operation", module).clone()
+        if not verify_each:
+            # IREE verifies an imported module only where it verifies after every pass
+            from iree.compiler import ir
+
+            try:
+                op.verify()
+            except ir.MLIRError as exc:
+                raise CompileError(f"{name}: invalid MLIR: {brief(exc, None, sep=' ', limit=None)}") from None
         inv = self._session.invocation()
+        if not verify_each:
+            lib.ireeCompilerInvocationSetVerifyIR(inv._inv_p, False)
         diagnostics: list[tuple[str, str]] = []
 
         def collect(severity: int, message: bytes, size: int, _user: int | None) -> None:

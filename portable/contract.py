@@ -18,11 +18,13 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union, cast
 
 from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
 from portkern.base.records import from_plain, to_plain, wire
-from portkern.portable.expr import Expr, parse
+
+if TYPE_CHECKING:
+    from portkern.portable.expr import Expr
 
 #: One dimension: a size, or a symbol.
 Dim = Union[int, str]
@@ -221,12 +223,16 @@ class ShapeContract:
 @functools.lru_cache(maxsize=4096)
 def condition(text: str) -> Expr:
     """A contract condition, parsed once (LaunchSpecError when it is not a comparison of size expressions)."""
+    from portkern.portable.expr import parse  # (contracts with expressions only)
+
     return parse(text, condition=True)
 
 
 @functools.lru_cache(maxsize=4096)
 def expression(text: str) -> Expr:
     """A result dimension's expression, parsed once (LaunchSpecError when it is not one)."""
+    from portkern.portable.expr import parse
+
     return parse(text)
 
 

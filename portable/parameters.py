@@ -14,15 +14,18 @@ most `COPY_BYTES`, so building needs memory for one piece, not the model.
 
 from __future__ import annotations
 
+import functools
 import hashlib
-import mmap
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
 
 from portkern.base.errors import BundleTruncatedError, DigestMismatchError, MalformedBundleError
 from portkern.base.records import from_plain, to_plain
+
+if TYPE_CHECKING:
+    import mmap
 
 #: The section starts on a page boundary, so it can be mapped as it is.
 SECTION_ALIGNMENT = 4096
@@ -165,15 +168,23 @@ def verify_chunks(f: BinaryIO, section: ParameterSection, indices: Iterable[int]
             )
 
 
-_REFERENCE = re.compile(r'#(?:stream|flow)\.parameter\.named<"((?:[^"\\]|\\.)*)"::"((?:[^"\\]|\\.)*)">')
-_ESCAPE = re.compile(rb"\\(\\|\"|[0-9A-Fa-f]{2})")
+@functools.cache
+def _reference() -> re.Pattern[str]:
+    """A parameter reference in MLIR text: its scope and name, escaped."""
+    return re.compile(r'#(?:stream|flow)\.parameter\.named<"((?:[^"\\]|\\.)*)"::"((?:[^"\\]|\\.)*)">')
+
+
+@functools.cache
+def _escape() -> re.Pattern[bytes]:
+    """An MLIR string escape: a backslash, a quote or two hex digits after a backslash."""
+    return re.compile(rb"\\(\\|\"|[0-9A-Fa-f]{2})")
 
 
 def referenced(text: bytes | str) -> list[tuple[str, str]]:
     """(scope, name) of every parameter that MLIR text refers to, in order of first reference."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
-    return list(dict.fromkeys((_unescape(s), _unescape(n)) for s, n in _REFERENCE.findall(text)))
+    return list(dict.fromkeys((_unescape(s), _unescape(n)) for s, n in _reference().findall(text)))
 
 
 def _unescape(text: str) -> str:
@@ -181,7 +192,7 @@ def _unescape(text: str) -> str:
         token = match.group(1)
         return token if token in (b"\\", b'"') else bytes([int(token, 16)])
 
-    return _ESCAPE.sub(one, text.encode()).decode("utf-8", errors="replace")
+    return _escape().sub(one, text.encode()).decode("utf-8", errors="replace")
 
 
 # --- writing --------------------------------------------------------------------
@@ -291,6 +302,8 @@ def transposed_file_pieces(path: os.PathLike[str] | str, offset: int, rows: int,
     elements that lies in a file from `offset`: made a block of whole output rows at a time (see
     TRANSPOSE_BYTES) from a read-only mapping whose pages are let go as they are read, so memory
     stays about one block."""
+    import mmap
+
     import numpy as np
 
     element = np.dtype(f"u{itemsize}") if itemsize in (1, 2, 4, 8) else np.dtype(f"V{itemsize}")
@@ -323,6 +336,8 @@ def transposed_file_pieces(path: os.PathLike[str] | str, offset: int, rows: int,
 
 def _release(mapped: mmap.mmap, begin: int, end: int) -> None:
     """Drop a read-only mapping's pages in [begin, end) from this process (not from the page cache)."""
+    import mmap
+
     if hasattr(mmap, "MADV_DONTNEED"):
         begin -= begin % mmap.PAGESIZE
         mapped.madvise(mmap.MADV_DONTNEED, begin, min(len(mapped), end + mmap.PAGESIZE) - begin)

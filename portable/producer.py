@@ -89,6 +89,7 @@ def current_producer(bytecode_version: int) -> Producer:
     return Producer("iree", installed.version, installed.revision, bytecode_version)
 
 
+@functools.lru_cache(maxsize=64)
 def release_of(version: str) -> tuple[int, int]:
     """`(major, minor)` of an IREE version such as `3.13.0rc20261016`."""
     match = re.match(r"(\d+)\.(\d+)", version)

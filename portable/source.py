@@ -23,7 +23,6 @@ process that loads the bundle).
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,6 +69,8 @@ def source_stage(spec: KernelSpec, lowered: Lowered) -> tuple[Stage, bytes]:
         data = onnx_source(model, spec.source, {name for _, name in referenced(lowered.source)})
         return Stage(SOURCE_PHASE, "any", ONNX_PROTOBUF, sha256(data), len(data), producer, model=info), data
     # a PyTorch program's source is what iree-turbine exported from it, its weights parameters
+    import zlib
+
     packed = zlib.compress(lowered.source if spec.kind == "torch" else mlir_text(spec.source.read_bytes(), spec.name), 9)
     return Stage(SOURCE_PHASE, "any", MLIR_TEXT, sha256(packed), len(packed), producer), packed
 
@@ -213,6 +214,8 @@ def parameter_initializers(stage: Stage, data: bytes, name: str) -> set[str]:
 
 def inflate(stage: Stage, data: bytes, name: str) -> bytes:
     """A compressed source stage's text, bounded (`MAX_SOURCE_TEXT_BYTES`)."""
+    import zlib
+
     inflater = zlib.decompressobj()
     try:
         text = inflater.decompress(data, MAX_SOURCE_TEXT_BYTES)

@@ -11,8 +11,8 @@ from helpers import assert_matches, logged
 
 import portkern
 from portkern.base.errors import SettingError
+from portkern.base.settings import format_size, parse_size
 from portkern.base.settings import parse_duration as parse_age
-from portkern.base.settings import parse_size
 from portkern.cache.config import CacheConfig, from_env
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, kernel_digest
@@ -139,6 +139,12 @@ def test_sizes_and_ages_parse():
     assert parse_age("30d") == 30 * 86400 and parse_age("90m") == 5400
     with pytest.raises(SettingError, match="cannot read size"):
         parse_size("lots")
+
+
+def test_sizes_print_as_people_read_them():
+    assert [format_size(n) for n in (0, 512, 1536, 260 << 20, 3 << 30, 5 << 40)] == [
+        "0 B", "512 B", "1.5 KiB", "260.0 MiB", "3.0 GiB", "5120.0 GiB"]
+    assert parse_size(format_size(260 << 20)) == 260 << 20
 
 
 def test_disabled_cache_still_runs(examples_bundle, monkeypatch, rng):

@@ -6,6 +6,7 @@ unknown keys and bad values warn like bad environment values."""
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -104,3 +105,30 @@ def test_the_default_file_is_portkern_toml_in_the_user_config_dir(tmp_path, monk
     assert settings.cache_max_size() == 8_000_000  # a changed file counts at the next use
     monkeypatch.setenv("PORTKERN_CONFIG", "")  # set and empty: no config file
     assert settings.cache_max_size() == settings.DEFAULT_CACHE_MAXSIZE
+
+
+@pytest.mark.parametrize(
+    ("xdg", "home"),
+    [(None, "/home/user"), ("/srv/xdg", "/home/user"), ("/srv/xdg/", "/home/user/"), ("relative/dir", "/home/user"),
+     ("", "/home/user"), ("   ", "/home/user"), (None, "relative-home")],
+    ids=["home", "xdg", "trailing-slashes", "xdg-relative", "xdg-empty", "xdg-blank", "home-relative"],
+)
+@pytest.mark.parametrize("kind", ["cache", "config"])
+def test_the_user_directories_are_platformdirs_ones(monkeypatch, kind, xdg, home):
+    """portkern's user cache and config directories are platformdirs' answers, whatever the
+    XDG variable and HOME say (the plain cases are formed without importing platformdirs)."""
+    platformdirs = pytest.importorskip("platformdirs")
+    variable = f"XDG_{kind.upper()}_HOME"
+    monkeypatch.setenv("HOME", home)
+    if xdg is None:
+        monkeypatch.delenv(variable, raising=False)
+    else:
+        monkeypatch.setenv(variable, xdg)
+    asked = platformdirs.user_cache_dir if kind == "cache" else platformdirs.user_config_dir
+    try:
+        expected = Path(asked("portkern", appauthor=False))
+    except RuntimeError:  # a platformdirs that refuses a relative HOME refuses it for portkern too
+        with pytest.raises(RuntimeError):
+            settings.user_dir(kind)
+        return
+    assert settings.user_dir(kind) == expected

@@ -57,6 +57,19 @@ def test_weights_are_parameters_in_a_mapped_section_and_results_match_numpy(mlp_
     assert len(kernel.native.data) < weight_bytes(WIDTHS)  # the vmfb holds code, not weights
 
 
+@pytest.mark.parametrize(("executor_min_bytes", "driver"), [("64KiB", "local-task"), ("4MiB", "local-sync")])
+def test_the_weights_a_call_reads_count_toward_where_it_runs(mlp_bundle, store, monkeypatch, executor_min_bytes, driver):
+    """A call runs on IREE's task executor when its arguments and the kernel's parameters
+    together reach `PORTKERN_EXECUTOR_MIN_BYTES` (docs/serving.md): the MLP's argument is 2 KiB,
+    its weights about 0.9 MiB."""
+    monkeypatch.setenv("PORTKERN_EXECUTOR_MIN_BYTES", executor_min_bytes)
+    kernel = portkern.load(mlp_bundle, store=store).kernel("mlp")
+    x = inputs()
+    assert x.nbytes < 64 << 10 < weight_bytes(WIDTHS) < 4 << 20
+    assert [kernel.executable.driver_for([x]) for _ in range(2)] == [driver] * 2
+    np.testing.assert_allclose(kernel(x), reference(x, WIDTHS, 1), rtol=RTOL, atol=ATOL)
+
+
 def test_external_data_model_builds_the_same_section(tmp_path, mlp_bundle, store):
     path = build_mlp(tmp_path / "ext", seed=1, external=True)
     a, b = fmt.read_bundle(path), fmt.read_bundle(mlp_bundle)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Sequence, Union
 
 import pytest
 
@@ -55,3 +55,20 @@ def test_unknown_keys_are_ignored_and_missing_fields_are_type_errors():
 
 def test_values_that_do_not_fit_the_hints_are_kept_as_they_are():
     assert from_plain(Shape, {"name": "s", "points": 5}).points == 5
+
+
+@dataclass(frozen=True)
+class Layout:
+    pair: tuple[Point, int]
+    rows: list[Point]
+    seen: Sequence[tuple[int, ...]] = ()
+    either: Union[tuple[Point, ...], Point, None] = None
+
+
+def test_fixed_tuples_lists_sequences_and_union_arms_in_order():
+    data = {"pair": [{"x": 1}, 2], "rows": [{"x": 3, "y": 4}], "seen": [[1, 2], []], "either": [{"x": 5}]}
+    assert from_plain(Layout, data) == Layout((Point(1), 2), [Point(3, 4)], [(1, 2), ()], (Point(5),))
+    assert from_plain(Layout, {**data, "either": {"x": 6}}).either == Point(6)
+    assert from_plain(Layout, {**data, "pair": [{"x": 1}]}).pair == ({"x": 1},)  # not the hint's length: a tuple as it is
+    assert to_plain(from_plain(Layout, data)) == {**data, "pair": [{"x": 1, "y": 0}, 2], "rows": [{"x": 3, "y": 4}],
+                                                  "either": [{"x": 5, "y": 0}]}

@@ -1,6 +1,6 @@
 """What a calling process imports: neither IREE's compiler nor a JSON-schema library, warm or
 on a fresh device with baseline code (the compiler runs in workers only); warm, nothing that
-only compiling, tuning, signing or IREE's Python-level call glue needs."""
+only compiling, tuning, signing, repairing the cache, logging an event or IREE's Python-level call glue needs."""
 
 from __future__ import annotations
 
@@ -30,17 +30,20 @@ CHILD = textwrap.dedent(
     probes = len(list(default_store().records("p")))
     kernel.wait()
     heavy = sorted(name for name in sys.modules if name.split(".")[0] in ("jsonschema", "fastjsonschema") or name.startswith("iree.compiler"))
-    # What only compiling, signing, tuning or IREE's Python-level call glue needs.
-    unneeded = sorted(name for name in sys.modules if name.split(".")[0] == "model_signing" or name == "iree.runtime"
+    # What only compiling, signing, tuning, repairing the cache, counting a compile or refusal, logging an
+    # event or IREE's Python-level call glue needs.
+    unneeded = sorted(name for name in sys.modules if name.split(".")[0] in ("model_signing", "logging", "platformdirs") or name == "iree.runtime"
                       or name in ("portkern.jit.workers", "portkern.jit.finalize", "portkern.tuner.session", "portkern.jit.background",
-                                 "portkern.cache.remote", "portkern.base.signing"))
+                                 "portkern.cache.remote", "portkern.base.signing", "portkern.cache.repair", "portkern.cache.metrics"))
     print(json.dumps({"origin": origin, "again": again.origin, "error": error, "heavy": heavy, "unneeded": unneeded, "probes": probes}))
     """
 )
 
 
 def run_child(bundle, cache) -> dict:
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
+    # (a home directory as most users have: the user config dir then needs no platformdirs)
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache), "HOME": str(cache.parent)}
+    env.pop("XDG_CONFIG_HOME", None)
     done = subprocess.run([sys.executable, "-c", CHILD, str(bundle)], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -54,7 +57,7 @@ def test_a_warm_process_imports_neither_the_compiler_nor_a_schema_library(tmp_pa
     warm = run_child(bundle, tmp_path / "cache")
     assert warm["origin"] == "cache" and warm["again"] == "cache" and warm["error"] < 1e-3
     assert warm["heavy"] == []
-    assert warm["unneeded"] == []  # nor the worker pool, the tuner, model-signing or iree.runtime's Python layer
+    assert warm["unneeded"] == []  # nor the worker pool, the tuner, model-signing, logging, platformdirs or iree.runtime's Python layer
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason=expected_skip("cpu", "x86-64 ISA levels"))

@@ -1,15 +1,21 @@
 """The worker pool hands out the largest jobs first, runs jobs on workers started ahead
-(`Pool.start`), and the build host's prebuild reports every kernel and target once."""
+(`Pool.start`), compiles the same code whether a job runs on the compiler's threads or on
+one thread, and the build host's prebuild reports every kernel and target once."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
+import portkern
+from portkern.cache.config import CacheConfig
+from portkern.cache.store import Store
 from portkern.jit import devices
 from portkern.jit.native import compile_job
 from portkern.jit.prebuild import prebuild
 from portkern.jit.runtime import Executable
-from portkern.jit.workers import Pool, Source
+from portkern.jit.workers import Pool, Source, compiler_threads, cores
 from portkern.portable.builder import build_file
 
 ADD = """func.func @{name}(%a: tensor<{n}xf32>, %b: tensor<{n}xf32>) -> tensor<{n}xf32> {{
@@ -66,3 +72,30 @@ def test_prebuild_reports_each_kernel_and_target_once(tmp_path):
     assert {record.name: [n.target for n in record.native] for record in done.bundle.kernels} == {
         "small": [target.label], "large": [target.label],
     }
+
+
+def test_a_job_beside_others_compiles_on_one_thread_to_the_same_code(examples_bundle, tmp_path):
+    """Jobs that fill the cores run the compiler on one thread each, a job alone may use its
+    threads, and the code is the same byte for byte: alone, two at once, and pinned to one core."""
+    assert compiler_threads(1) == (cores() >= 2)
+    assert not compiler_threads(cores())
+    kernels = ["mlp", "gemm_glu", "gemm_rowsum"]  # the ONNX MLP has the most dispatches
+
+    def code(workers: int, run: str) -> dict[str, bytes]:
+        with Pool(workers=workers) as pool:
+            store = Store(CacheConfig(tmp_path / run, 1 << 30, False))
+            prepared = portkern.load(examples_bundle, store=store, pool=pool).prepare("cpu", kernels, workers=workers)
+        assert all(native.origin == "finalized" for native in prepared.values()), prepared
+        return {name: native.data for name, native in prepared.items()}
+
+    alone = code(1, "alone")  # one at a time: on the compiler's threads where there is a second core
+    assert code(2, "two") == alone  # two at once: on one thread each where two fill the cores
+    if hasattr(os, "sched_setaffinity"):  # Linux
+        allowed = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, {min(allowed)})  # the workers started now run on one core: one thread each
+        try:
+            assert not compiler_threads(1)
+            pinned = code(1, "pinned")
+        finally:
+            os.sched_setaffinity(0, allowed)
+        assert pinned == alone

@@ -33,7 +33,7 @@ from portkern.cache.tuning import TuningDB
 from portkern.jit.buckets import BucketRecord, read_index, specialised_bundle
 from portkern.jit.native import NativeCode
 from portkern.portable.bundle import KernelRecord
-from portkern.tuner.measure import Bench, make_inputs
+from portkern.tuner.measure import Bench, call_driver_of, make_inputs
 
 #: One shape to tune for: one shape per argument, or argument name/index -> shape.
 Shapes = Sequence[Sequence[int]] | Mapping[str, Sequence[int]]
@@ -190,7 +190,8 @@ def _tune_bucket(natives: NativeCode, record, target, strategy, values, label, t
             bucket_compile_s = time.perf_counter() - started
         except PortkernError as exc:
             note = f"the tuned config does not fit the dynamic module ({one_line(exc, limit=300)}); "
-    bench = Bench(record.entry, target.driver, make_inputs(special.signature), natives.parameters_for(record))
+    inputs, parameters = make_inputs(special.signature), natives.parameters_for(record)
+    bench = Bench(record.entry, call_driver_of(target.driver, inputs, parameters), inputs, parameters)
     executables = [bench.load(v) for v in vmfbs]
     repeats: list[list[float | None]] = [[t.min_s for t in bench.interleaved(executables)] for _ in range(REPEATS)]
     chosen = verdict(repeats, min_gain)

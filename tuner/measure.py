@@ -62,6 +62,15 @@ class Timing:
         return {**to_plain(self), "spread": self.spread}
 
 
+def call_driver_of(driver: str, inputs: Sequence[np.ndarray], parameters=None) -> str:
+    """The driver a kernel's calls on `inputs` run on, for its code deployed on `driver`
+    (`jit.runtime.call_driver`: its arguments and parameters counted): what a user's calls pay."""
+    from portkern.jit.runtime import call_driver
+
+    weights = parameters.nbytes if parameters is not None else 0
+    return call_driver(driver, weights + sum(int(a.nbytes) for a in inputs))
+
+
 def driver_for(ranking: str, deployed: str) -> str:
     """The runtime driver a ranking ("single" or "deployed") runs on."""
     return SINGLE_THREAD.get(deployed, deployed) if ranking == "single" else deployed

@@ -43,7 +43,7 @@ from portkern.tuner.buckets import tune_shapes
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.evaluate import Evaluator, IreeCandidates
 from portkern.tuner.kernel_config import DEFAULT, KernelConfig
-from portkern.tuner.measure import ROUNDS
+from portkern.tuner.measure import ROUNDS, call_driver_of
 from portkern.tuner.perfconfig import PerfConfig
 from portkern.tuner.results import DispatchResult, TuneResult
 from portkern.tuner.search import Budget, Progress, Search
@@ -224,7 +224,9 @@ class _Run:
                 target, record.name, source, record.entry, record.signature, parameters=natives.parameters_for(record)
             )
         self.candidates = candidates
-        self.evaluator = Evaluator(tuner.pool, target, record.name, candidates, target.driver)
+        #: The driver the kernel's calls run on (a small kernel's: the calling thread's); its timings decide.
+        self.driver = call_driver_of(target.driver, getattr(candidates, "inputs", ()), getattr(candidates, "parameters", None))
+        self.evaluator = Evaluator(tuner.pool, target, record.name, candidates, self.driver)
         #: What trying module options found (see `_module_options`), whether a budget or the time
         #: limit left some untried, and whether any was compiled and timed.
         self.options_note = ""
@@ -317,7 +319,7 @@ class _Run:
             code = analysed.configured
             self.candidates.add_variant(options, plan.target, Source(hashlib.sha256(code).hexdigest(), code, CONFIGURED_PHASE))
             found[config] = [registry.dispatch_from_data(d) for d in analysed.dispatches]
-        driver = self.target.driver
+        driver = self.driver
         self.options_tried = bool(found)
         evaluations = self.evaluator.evaluate(list(found), driver) if found else []
         for e in evaluations:
@@ -410,7 +412,7 @@ class _Run:
         """The dispatch's winner after re-timing finalists with the default side by side."""
         default = str(search.base)
         finalists = [c for c in search.finalists(FINALISTS) if c != default]
-        timings = self.evaluator.interleaved([default, *finalists], self.target.driver)
+        timings = self.evaluator.interleaved([default, *finalists], self.driver)
         default_s = timings[default].min_s if default in timings else None
         ranked = sorted((timings[c].min_s, c) for c in finalists if c in timings)
         if ranked and default_s and ranked[0][0] < default_s * (1 - MIN_GAIN):
@@ -424,7 +426,7 @@ class _Run:
         if config.is_default and source != "search":
             return result  # nothing to check or time: the compiler's default everywhere
         final = str(config)
-        evaluation = self.evaluator.evaluate([final], self.target.driver)[0]
+        evaluation = self.evaluator.evaluate([final], self.driver)[0]
         timed = evaluation.duplicate_of if evaluation.status == "duplicate" else final
         if not self.evaluator.results[timed].ok:
             for r in results:
@@ -432,10 +434,10 @@ class _Run:
                     r.config, r.note = DEFAULT, f"dropped: the combined config failed its check ({evaluation.error})"
             result.note = f"{final} failed its check as a whole: {evaluation.error}"
             final = timed = DEFAULT
-        timings = self.evaluator.interleaved(list(dict.fromkeys([DEFAULT, timed])), self.target.driver)
+        timings = self.evaluator.interleaved(list(dict.fromkeys([DEFAULT, timed])), self.driver)
         if timed != DEFAULT and timings[timed].min_s >= timings[DEFAULT].min_s:
             # the dispatches won one by one but not together, or a burst of load hit this check: look again, longer
-            timings = self.evaluator.interleaved([DEFAULT, timed], self.target.driver, rounds=3 * ROUNDS)
+            timings = self.evaluator.interleaved([DEFAULT, timed], self.driver, rounds=3 * ROUNDS)
             if timings[timed].min_s >= timings[DEFAULT].min_s:
                 result.note = f"{final} was not faster than the default as a whole; kept the default"
                 final = timed = DEFAULT

@@ -8,7 +8,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
-from portkern.cli.common import JSON_FORMAT, Report, add_json, add_sign, human_size, shown, table
+from portkern.base.settings import format_size
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, shown, store_from, table
 
 
 def register(sub) -> None:
@@ -29,8 +30,10 @@ def register(sub) -> None:
     add_json(build)
     build.set_defaults(handler=run_build)
 
-    inspect = sub.add_parser("inspect", help="show what a bundle holds")
+    inspect = sub.add_parser("inspect", help="show what a bundle holds, and what this device's tuning DB holds for its kernels")
     inspect.add_argument("bundle", type=Path)
+    inspect.add_argument("--device", default="cpu", help="device whose tuning records are shown, as `run --device` takes it (default: cpu)")
+    add_cache_dir(inspect)
     add_json(inspect)
     inspect.set_defaults(handler=run_inspect)
 
@@ -99,7 +102,107 @@ def run_build(args: argparse.Namespace) -> Report:
 
 
 def run_inspect(args: argparse.Namespace) -> Report:
-    return describe(args.bundle)
+    from portkern.jit import devices
+    from portkern.portable.bundle import decode_file, read_bundle_head
+
+    report = describe(args.bundle)
+    store = store_from(args)
+    target = devices.resolve(args.device, store)
+    raw, size = read_bundle_head(args.bundle)
+    records = decode_file(args.bundle, raw, file_size=size).kernels
+    tuned = [tuning_of(record, target, store) for record in records]
+    for kernel, found in zip(report.data["kernels"], tuned):
+        kernel["tuning"] = found
+    report.data["tuning_device"] = target.label
+    report.data["cache_dir"] = str(store.directory)
+    described = report.render
+
+    def render(out):
+        if described is not None:
+            described(out)
+        rows = [
+            [record.name, found["config"] or "-", ", ".join(found["options"]) or "-",
+             ", ".join(f"{d['index']}={d['config']}" for d in found["dispatches"]) or "-",
+             found["strategy"] or "-", f"{found['speedup']:.2f}x" if found["speedup"] else "-", _tuning_note(found)]
+            for record, found in zip(records, tuned)
+        ]
+        title = f"tuning on {target.label} ({store.directory})"  # (cells and title are escaped by `table`)
+        out.print(table(title, ["kernel", "config", "module options", "tuned dispatches", "strategy", "speedup", "note"], rows))
+
+    return Report(report.data, render, status=report.status)
+
+
+def tuning_of(record, target, store) -> dict[str, Any]:
+    """What the tuning DB of `store` holds for a kernel on `target`: the config `kernel()` serves
+    ("default" when no usable selection is stored; None when the kernel does not run there), its
+    module options and tuned dispatches, how it was found, and each shape bucket's decision."""
+    from portkern.base.errors import PortkernError, one_line
+    from portkern.cache.tuning import UNUSABLE, TuningDB
+    from portkern.jit.buckets import read_index
+    from portkern.jit.native import check_toolchain, compiler_id, selection_problem
+
+    found: dict[str, Any] = {
+        "config": None, "stored": False, "options": [], "dispatches": [], "strategy": None, "complete": None,
+        "default_s": None, "best_s": None, "speedup": None, "unusable": None, "note": "", "buckets": [],
+    }
+    try:
+        check_toolchain(record, target)
+        db = TuningDB(store, compiler_id(record))
+        problem = selection_problem(record, target)
+        stored = db.selection(problem, target.fingerprint)
+        buckets = read_index(db.buckets(problem, target.fingerprint))
+    except PortkernError as exc:
+        found["note"] = f"{type(exc).__name__}: {one_line(exc, limit=200)}"
+        return found
+    found["config"] = "default"
+    if isinstance(stored, dict) and isinstance(stored.get("config"), str):
+        found["stored"] = True
+        found.update({k: stored[k] for k, kind in (("strategy", str), ("complete", bool), ("note", str)) if isinstance(stored.get(k), kind)})
+        found.update({k: float(stored[k]) for k in ("default_s", "best_s") if type(stored.get(k)) in (int, float) and stored[k] > 0})
+        if found["default_s"] and found["best_s"]:
+            found["speedup"] = found["default_s"] / found["best_s"]
+        if stored.get(UNUSABLE):
+            found["unusable"] = str(stored[UNUSABLE])
+        else:
+            found["config"] = stored["config"]
+        _split(found, stored["config"])
+    for label, decided in buckets.items():
+        bucket_s = decided.bucket_s if type(decided.bucket_s) in (int, float) else None
+        found["buckets"].append({
+            "bucket": label, "values": dict(decided.values), "code": decided.code, "config": decided.config,
+            "bucket_config": decided.bucket_config, "default_s": decided.default_s, "best_s": decided.best_s, "bucket_s": bucket_s,
+        })
+    return found
+
+
+def _split(found: dict[str, Any], config: str) -> None:
+    """Fill a `tuning_of` entry's module options and dispatch configs from a stored kernel config."""
+    from portkern.base.errors import PerfConfigError
+    from portkern.tuner import kernel_config, perfconfig
+
+    try:
+        parsed = kernel_config.parse(config)
+    except PerfConfigError as exc:
+        found["note"] = f"stored config not readable: {exc}"
+        return
+    found["options"] = list(parsed.options)
+    found["dispatches"] = [{"index": index, "config": perfconfig.to_string(c)} for index, c in parsed.dispatches]
+
+
+def _tuning_note(found: dict[str, Any]) -> str:
+    """The note column of `inspect`'s tuning table."""
+    parts = []
+    if not found["stored"] and found["config"] is not None:
+        parts.append("nothing stored: the compiler's default")
+    if found["unusable"]:
+        parts.append(f"stored selection set aside (does not build): {found['unusable']}")
+    if found["complete"] is False:
+        parts.append("incomplete search")
+    if found["buckets"]:
+        parts.append("buckets: " + ", ".join(f"{b['bucket']} {b['code']}" for b in found["buckets"]))
+    if found["note"] and (found["config"] is None or not found["stored"]):
+        parts.append(found["note"])
+    return "; ".join(parts)
 
 
 def _stage_text(stage) -> str:
@@ -164,17 +267,17 @@ def describe(path: Path) -> Report:
     }
 
     def render(out):
-        out.print(f"[bold]{shown(bundle.name)}[/bold]  {shown(path)}  ({human_size(size or 0)}, format {shown(data['format_version'])})")
+        out.print(f"[bold]{shown(bundle.name)}[/bold]  {shown(path)}  ({format_size(size or 0)}, format {shown(data['format_version'])})")
         out.print(f"digest sha256:{shown(bundle.digest)}")
         out.print(f"signature: {shown(verdict.describe())}")
         rows = []
         for k in bundle.kernels:
             stages = ", ".join(
-                f"{_stage_text(s)} {human_size(s.size)}" for s in k.stages
-            ) if len(k.stages) <= 4 else f"{len(k.stages)} stages ({human_size(sum(s.size for s in k.stages))})"
-            native = ", ".join(f"{n.target} {human_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
+                f"{_stage_text(s)} {format_size(s.size)}" for s in k.stages
+            ) if len(k.stages) <= 4 else f"{len(k.stages)} stages ({format_size(sum(s.size for s in k.stages))})"
+            native = ", ".join(f"{n.target} {format_size(n.size)} ({serves(n.device)})" for n in k.native) or "-"
             contract = k.signature.contract_text if k.kind in IREE_KINDS else "launch (below)"
-            weights = f"{len(k.parameters)}, {human_size(sum(p.size for p in k.parameters))}" if k.parameters else "-"
+            weights = f"{len(k.parameters)}, {format_size(sum(p.size for p in k.parameters))}" if k.parameters else "-"
             rows.append([k.name, k.kind, k.entry, str(k.signature), contract, stages, native, weights])
         out.print(table(None, ["kernel", "kind", "entry", "signature", "shape contract", "stages", "prebuilt", "parameters"], rows))
         producers = sorted({f"{s.producer.compiler} {s.producer.version}" + (

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from portkern.base.errors import CacheError, PortkernError, UsageError, one_line
+from portkern.base.settings import format_size
 from portkern.cli.common import (
     JSON_FORMAT,
     Report,
@@ -16,7 +17,6 @@ from portkern.cli.common import (
     add_sign,
     device_filter,
     human_age,
-    human_size,
     shown,
     store_from,
     table,
@@ -96,7 +96,7 @@ def entries_table(title: str, entries: list, serves: list[str] | None = None, ki
     here, when given)."""
     now = time.time()
     rows = [
-        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, e.stage or "-", human_size(e.size), human_age(e.created, now),
+        [e.key[:12], e.kernel, e.bundle, e.device_label, e.config, e.stage or "-", format_size(e.size), human_age(e.created, now),
          human_age(e.last_used, now), e.hits]
         for e in entries
     ]
@@ -152,7 +152,7 @@ def run_show(args: argparse.Namespace) -> Report:
             elif name in ("created", "last_used") and value:
                 value = f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(value))} ({human_age(value)} ago)"
             elif name == "size":
-                value = f"{value} ({human_size(value)})"
+                value = f"{value} ({format_size(value)})"
             elif name == "flags":
                 value = " ".join(value)
             out.print(f"[bold]{name:>14}[/bold]  {value}")
@@ -168,15 +168,15 @@ def run_stats(args: argparse.Namespace) -> Report:
     def render(out):
         looked = stats["hits"] + stats["misses"]
         rate = f" ({100 * stats['hits'] / looked:.0f}% hits)" if looked else ""
-        out.print(f"{places_text(stats['directories'])}: {stats['entries']} entries, {human_size(stats['bytes'])} of {human_size(stats['max_size'])}, "
+        out.print(f"{places_text(stats['directories'])}: {stats['entries']} entries, {format_size(stats['bytes'])} of {format_size(stats['max_size'])}, "
                   f"{stats['tuning_results']} tuning results, {stats['hits']} hits / {stats['misses']} misses{rate}")
         if stats["remote_hits"] or stats["remote_misses"] or stats["remote_errors"]:
             errors = f", {stats['remote_errors']} lookups Redis did not answer" if stats["remote_errors"] else ""
             out.print(f"remote tier: {stats['remote_hits']} hits / {stats['remote_misses']} misses{errors}")
         if len(stats["directories"]) > 1:
-            rows = [[p["directory"], p["state"], p.get("entries", 0), human_size(p.get("bytes", 0))] for p in stats["directories"]]
+            rows = [[p["directory"], p["state"], p.get("entries", 0), format_size(p.get("bytes", 0))] for p in stats["directories"]]
             out.print(table("directories, in lookup order", ["directory", "state", "entries", "size"], rows))
-        rows = [[d, v["entries"], human_size(v["bytes"]), v["hits"]] for d, v in sorted(stats["devices"].items())]
+        rows = [[d, v["entries"], format_size(v["bytes"]), v["hits"]] for d, v in sorted(stats["devices"].items())]
         out.print(table("per device", ["device", "entries", "size", "hits"], rows))
 
     return Report(stats, render)
@@ -242,7 +242,7 @@ def run_prune(args: argparse.Namespace) -> Report:
         older_than=parse_duration(args.older_than) if args.older_than else None,
     )
     data = {"evicted": [{"key": e.key, "kernel": e.kernel, "device": e.device_label, "size": e.size} for e in evicted]}
-    return Report(data, lambda out: out.print(f"evicted {len(evicted)} entries, {human_size(sum(e.size for e in evicted))}"))
+    return Report(data, lambda out: out.print(f"evicted {len(evicted)} entries, {format_size(sum(e.size for e in evicted))}"))
 
 
 def run_clear(args: argparse.Namespace) -> Report:
@@ -261,7 +261,7 @@ def run_export(args: argparse.Namespace) -> Report:
     signed = f", signed ({report.signed})" if report.signed else ""
 
     def render(out):
-        out.print(f"exported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results to {args.file}{signed}")
+        out.print(f"exported {report.entries} entries ({format_size(report.bytes)}) and {report.records} tuning results to {args.file}{signed}")
         if report.note:
             out.print(f"[yellow]note:[/yellow] {report.note}")
 
@@ -280,7 +280,7 @@ def run_import(args: argparse.Namespace) -> Report:
             out.print(f"[red]rejected[/red] {reason}")
         if report.unsigned_allowed:
             out.print("[yellow]native code imported WITHOUT a trusted signature (--allow-unsigned)[/yellow]")
-        out.print(f"imported {report.entries} entries ({human_size(report.bytes)}) and {report.records} tuning results; "
+        out.print(f"imported {report.entries} entries ({format_size(report.bytes)}) and {report.records} tuning results; "
                   f"{report.skipped} already here, {len(report.rejected)} rejected")
 
     return Report(report.to_dict(), render, status=1 if report.rejected else 0)

@@ -97,12 +97,6 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]):
     return t
 
 
-def human_size(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def human_age(timestamp: float, now: float | None = None) -> str:

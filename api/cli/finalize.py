@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from portkern.base.errors import PortkernError, UsageError, one_line
-from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, console, human_size, store_from, table
+from portkern.base.settings import format_size
+from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, console, store_from, table
 
 
 def register(sub) -> None:
@@ -91,13 +92,13 @@ def run_finalize(args: argparse.Namespace) -> Report:
 
     def render(out):
         shown = [
-            [r["kernel"], r["target"], r.get("origin", "FAILED"), human_size(r["size"]) if r["ok"] else "-", r.get("code") or r.get("error")]
+            [r["kernel"], r["target"], r.get("origin", "FAILED"), format_size(r["size"]) if r["ok"] else "-", r.get("code") or r.get("error")]
             for r in rows
         ]
         out.print(table(f"finalised into {store.directory}", ["kernel", "target", "origin", "size", "code"], shown))
         if exported:
             signed = f", signed ({exported['signed']})" if exported["signed"] else ""
-            out.print(f"exported {exported['entries']} entries ({human_size(exported['bytes'])}) to {exported['path']}{signed}")
+            out.print(f"exported {exported['entries']} entries ({format_size(exported['bytes'])}) to {exported['path']}{signed}")
         if remote is not None:
             out.print(remote_line(remote))
 
