@@ -43,9 +43,10 @@ _RECORDS = "CREATE TABLE IF NOT EXISTS portkern_records (name TEXT PRIMARY KEY, 
 #: diskcache's table, and its value mode of text kept in a file (as UTF-8).
 LEGACY = "Cache"
 _DISKCACHE_TEXT = 3
+#: Whether a table of that name is in the database.
+_HAS_TABLE = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?"
 #: A record's value (NULL: none), and whether diskcache's table is there: one statement, a miss included.
-_GET = ("SELECT (SELECT value FROM portkern_records WHERE name = ?),"
-        " EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)")
+_GET = f"SELECT (SELECT value FROM portkern_records WHERE name = ?), EXISTS ({_HAS_TABLE})"
 
 Value = bytes | str
 
@@ -234,8 +235,7 @@ class Database:
 
     def legacy(self) -> bool:
         """Whether diskcache's table is in the database (an older release wrote, or still writes, here)."""
-        return self.con.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (LEGACY,)).fetchone() is not None
+        return self.con.execute(_HAS_TABLE, (LEGACY,)).fetchone() is not None
 
     def took_legacy(self) -> bool:
         """Whether a `get` of this thread since the last call was answered from diskcache's table."""

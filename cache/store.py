@@ -267,7 +267,7 @@ class Store:
                 removed += 1
         if added or removed:
             log.info("portkern cache at %s: %d entries an older portkern wrote indexed, %d index rows of entries it "
-                        "removed dropped", db.directory, added, removed)
+                     "removed dropped", db.directory, added, removed)
         return added + removed
 
     def _read_instead(self, layer: _Layer, exc: BaseException) -> Database:
