@@ -40,6 +40,7 @@ from portkern.jit.native import DEFAULT_CONFIG, Native, NativeCode, Plan, Progre
 from portkern.jit.target import Target
 from portkern.jit.tensors import result_wrapper
 from portkern.jit.toolchain import Loaded, toolchain_for
+from portkern.jit.vmcall import GPU_DRIVERS
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, decode_file, read_bundle_head
 from portkern.portable.contract import UncheckedShapesWarning, arrange
 from portkern.portable.dtypes import as_declared
@@ -377,10 +378,6 @@ def unchecked(record: KernelRecord) -> bool:
     """Whether nothing checks a kernel's dynamic argument shapes: no shape contract (built
     `unchecked: true`, or by an older portkern) and no launch description."""
     return record.signature.contract is None and not record.launch and any(None in t.shape for t in record.signature.inputs)
-
-
-#: The IREE drivers of GPUs, whose kernels also take framework tensors in GPU memory (`jit.device_tensors`).
-GPU_DRIVERS = ("cuda", "hip")
 
 
 class Kernel:

@@ -36,9 +36,10 @@ import numpy as np
 
 from portkern.base import settings
 from portkern.base.errors import DeviceError, ExitingError, ForkError, KernelRuntimeError, one_line
-from portkern.jit.vmcall import LOCAL_DRIVERS, VmCall, distinct, host_array, native_runtime
+from portkern.jit.vmcall import GPU_DRIVERS, LOCAL_DRIVERS, VmCall, distinct, host_array, native_runtime
 
 if TYPE_CHECKING:
+    from portkern.jit.gpucall import GpuCall
     from portkern.jit.parameters import KernelParameters
 
 #: The driver that runs a `local-task` call on the calling thread.
@@ -191,8 +192,14 @@ class _Loaded:
         except (RuntimeError, ValueError, KeyError) as exc:
             raise KernelRuntimeError(f"cannot load native code for {entry!r}: {exc}") from None
         self._invoker = None
-        #: NumPy in, NumPy out in one runtime call (on drivers whose device memory is host memory).
-        self.call = VmCall(entry, self.vm_context, self.vm_function, config.device) if driver in LOCAL_DRIVERS else None
+        #: NumPy in, NumPy out in one runtime call (CPU drivers: in place; GPU drivers: through kept staging buffers).
+        self.call: "VmCall | GpuCall | None" = None
+        if driver in LOCAL_DRIVERS:
+            self.call = VmCall(entry, self.vm_context, self.vm_function, config.device)
+        elif driver in GPU_DRIVERS:
+            from portkern.jit.gpucall import GpuCall  # loaded with the first GPU kernel
+
+            self.call = GpuCall(entry, self.vm_context, self.vm_function, config.device)
 
     @property
     def function(self):

@@ -31,6 +31,8 @@ ALIGNMENT = 64
 WRAP_BYTES = 1 << 16
 #: Drivers whose device memory is host memory (where wrapping and mapping apply).
 LOCAL_DRIVERS = ("local-sync", "local-task")
+#: The IREE drivers of GPUs (host arrays through `jit.gpucall`; framework tensors in their memory: `jit.device_tensors`).
+GPU_DRIVERS = ("cuda", "hip")
 
 
 def native_runtime():
@@ -83,16 +85,16 @@ class VmCall:
 
     def _buffer_view(self, array: np.ndarray):
         hal = self._hal
-        element_type = self._element_types.get(array.dtype)
-        if element_type is None:
+        kind = self._element_types.get(array.dtype)
+        if kind is None:
             try:
-                element_type = self._element_types[array.dtype] = _element_type(hal, array.dtype)
+                kind = self._element_types[array.dtype] = element_type(hal, array.dtype)
             except (KeyError, ValueError, TypeError) as exc:
                 raise KernelRuntimeError(f"{self.entry}: arrays of {array.dtype} cannot be passed to IREE ({exc})") from None
         if array.nbytes >= WRAP_BYTES and array.flags.writeable and not array.ctypes.data % ALIGNMENT:
             buffer = self._allocator.import_host_allocation(array, self._memory, self._usage)
-            return hal.HalBufferView(buffer, array.shape, element_type)
-        return self._allocator.allocate_buffer_copy(self._memory, self._usage, self._device, array, element_type)
+            return hal.HalBufferView(buffer, array.shape, kind)
+        return self._allocator.allocate_buffer_copy(self._memory, self._usage, self._device, array, kind)
 
     def _result(self, results, index: int) -> np.ndarray:
         hal = self._hal
@@ -139,7 +141,7 @@ _ELEMENT_TYPES = {
 }
 
 
-def _element_type(hal, dtype: np.dtype):
+def element_type(hal, dtype: np.dtype):
     """The HAL element type of a NumPy dtype (others than the plain ones: `iree.runtime`'s own mapping)."""
     name = _ELEMENT_TYPES.get(dtype.name) if dtype.isnative else None
     if name is not None:

@@ -1,5 +1,6 @@
-"""torch tensors in GPU memory as arguments and results of GPU kernels (DLPack, no copies to the host):
-results checked against NumPy, and the typed errors for what cannot be taken in place. Needs an
+"""torch tensors in GPU memory as arguments and results of GPU kernels (DLPack, no copies to the host),
+and host arrays through the buffers a GPU kernel keeps: results checked against NumPy, and the typed
+errors for what cannot be taken in place. Needs an
 NVIDIA GPU and torch built with CUDA; elsewhere every test here is skipped (declared)."""
 
 from __future__ import annotations
@@ -83,3 +84,16 @@ def test_what_cannot_be_taken_in_place_is_refused_with_a_typed_error(kernel):
     transposed = a.t().contiguous().t()  # the same values, transposed strides
     with pytest.raises(ArgumentTypeError, match=r"not contiguous.*pass tensor.contiguous\(\)"):
         kernel(transposed, b, bias)
+
+
+def test_host_arrays_on_the_gpu_match_numpy_call_after_call(kernel):
+    """Host arrays go through buffers a GPU kernel keeps between calls: no result is overwritten by a later call."""
+    kept = []
+    for seed in (5, 6, 7):
+        arrays = host_inputs(seed)
+        out = kernel(*arrays)
+        assert type(out) is np.ndarray
+        kept.append((out, arrays))
+    for out, arrays in kept:
+        (reference,) = EXAMPLE.reference(*arrays)
+        np.testing.assert_allclose(out, reference, rtol=EXAMPLE.rtol, atol=EXAMPLE.atol)
