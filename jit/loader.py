@@ -506,14 +506,14 @@ class Kernel:
 
         executable = cast(Executable, self._code[1])  # (a GPU kernel's code is IREE's)
         driver, device = self.target.driver, executable.hal_device
-        views = device_tensors.import_arguments(self.name, self.signature, args, driver, device, native_runtime())
+        hal = native_runtime()
+        views = device_tensors.import_arguments(self.name, self.signature, args, driver, device, hal)
         contract = self.signature.contract
         if self.buckets and contract is not None:
             from portkern.jit import buckets
 
             _, _, code = buckets.pick(contract, self.buckets, self.name, [tuple(v.shape) for v in views])
             executable = cast(Executable, code[1]) if code is not None else executable
-        hal = native_runtime()
         tensors = device_tensors.export_results(executable.call_views(views, len(self.signature.results)), self.signature, device, hal)
         if self.specialisation is not None:
             self.specialisation.start()
