@@ -37,7 +37,12 @@ def artifact(i: int, size: int = 100_000) -> tuple[str, bytes]:
 
 
 def cli(directory: Path, *argv: str, prefix: list[str] = ()) -> subprocess.CompletedProcess:
-    return subprocess.run([*prefix, *CLI, "cache", *argv, "--cache-dir", str(directory)], capture_output=True, text=True, timeout=300)
+    """`portkern cache ARGV --cache-dir DIRECTORY`, with a temporary directory of its own beside DIRECTORY
+    (`verify` also sweeps the scratch directories dead processes left in the temporary directory)."""
+    scratch = directory.parent / f"{directory.name}-tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    return subprocess.run([*prefix, *CLI, "cache", *argv, "--cache-dir", str(directory)], capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_a_clear_that_leaves_the_cache_unusable_for_a_while_then_hits_again(examples_bundle, tmp_path, rng):

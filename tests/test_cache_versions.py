@@ -12,6 +12,7 @@ removed the index rows of entries it could not read (its `ls` and `verify`).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -61,7 +62,12 @@ def older_unindexes(directory: Path, keys) -> None:
 
 
 def cli(directory: Path, *argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, "cache", *argv, "--cache-dir", str(directory.parent)], capture_output=True, text=True, timeout=300)
+    """`portkern cache ARGV` on DIRECTORY's parent, with a temporary directory of its own (`verify` also
+    sweeps the scratch directories dead processes left in the temporary directory)."""
+    scratch = directory.parent.parent / f"{directory.parent.name}-tmp"
+    scratch.mkdir(exist_ok=True)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    return subprocess.run([*CLI, "cache", *argv, "--cache-dir", str(directory.parent)], capture_output=True, text=True, timeout=300, env=env)
 
 
 @pytest.mark.parametrize("indexed", [True, False], ids=["indexed-release", "pre-index-release"])
