@@ -11,7 +11,7 @@ import numpy as np
 from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
 from portkern.jit.tensors import as_array, is_tensor
 from portkern.jit.vmcall import contiguous
-from portkern.portable.bundle import Signature
+from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.contract import UncheckedShapesWarning
 from portkern.portable.dtypes import numpy_dtype
 
@@ -26,12 +26,8 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object], u
     break of the shape contract); a masked array that masks anything is refused, since its mask would be lost.
     `unchecked`: the kernel has dynamic shapes and nothing checks them (no contract, no launch
     description); the first such call warns (`warn_unchecked`)."""
+    check_count(kernel, signature, args)
     expected = signature.inputs
-    if len(args) != len(expected):
-        raise ArgumentTypeError(
-            f"{kernel}() takes {len(expected)} argument{'s' if len(expected) != 1 else ''} "
-            f"({', '.join(map(str, expected))}), got {len(args)}"
-        )
     arrays = []
     for index, (arg, spec) in enumerate(zip(args, expected)):
         if is_tensor(arg):
@@ -51,18 +47,31 @@ def check_arguments(kernel: str, signature: Signature, args: Sequence[object], u
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} must have dtype {spec.dtype}, got {array.dtype}"
             )
-        if array.ndim != len(spec.shape) or any(
-            want is not None and want != have for want, have in zip(spec.shape, array.shape)
-        ):
-            wanted = "x".join("?" if d is None else str(d) for d in spec.shape) or "scalar"
-            got = "x".join(map(str, array.shape)) or "scalar"
-            raise ArgumentShapeError(f"{kernel}() argument {index} must have shape {wanted}, got {got}")
+        check_shape(kernel, index, spec, array.shape)
         arrays.append(contiguous(array))  # a copy where one is needed, aligned so the call uses it in place
     if signature.contract is not None:
         signature.contract.bind(kernel, [a.shape for a in arrays])
     elif unchecked:
         warn_unchecked(kernel, signature)
     return arrays
+
+
+def check_count(kernel: str, signature: Signature, args: Sequence[object]) -> None:
+    """An ArgumentTypeError unless there is one argument per input of the signature."""
+    expected = signature.inputs
+    if len(args) != len(expected):
+        raise ArgumentTypeError(
+            f"{kernel}() takes {len(expected)} argument{'s' if len(expected) != 1 else ''} "
+            f"({', '.join(map(str, expected))}), got {len(args)}"
+        )
+
+
+def check_shape(kernel: str, index: int, spec: TensorSpec, shape: tuple[int, ...]) -> None:
+    """An ArgumentShapeError unless argument `index`'s shape fits its input's (None: any size)."""
+    if len(shape) != len(spec.shape) or any(want is not None and want != have for want, have in zip(spec.shape, shape)):
+        wanted = "x".join("?" if d is None else str(d) for d in spec.shape) or "scalar"
+        got = "x".join(map(str, shape)) or "scalar"
+        raise ArgumentShapeError(f"{kernel}() argument {index} must have shape {wanted}, got {got}")
 
 
 #: Signatures whose first unchecked call has been reported.

@@ -20,13 +20,13 @@ from __future__ import annotations
 import sys
 from typing import Any, Sequence
 
-from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, brief
+from portkern.base.errors import ArgumentTypeError, brief
+from portkern.jit.args import check_count, check_shape
+from portkern.jit.tensors import DLPACK_CPU, dlpack_device, is_tensor, kind_name
 from portkern.portable.bundle import Signature
 
 #: DLPack device types (DLDeviceType) of GPU memory, by the IREE driver that runs kernels there.
 DLPACK_DEVICE = {"cuda": 2, "hip": 10}
-#: DLPack's host memory device type (kDLCPU).
-_DLPACK_CPU = 1
 
 #: A signature's dtype names (`TensorSpec.dtype`) -> the IREE HalElementType names a tensor of it may import as.
 _ELEMENT_TYPES = {
@@ -39,8 +39,8 @@ _ELEMENT_TYPES = {
 def on_gpu(args: Sequence[object]) -> bool:
     """Whether any argument is a framework tensor whose memory is not host memory."""
     for arg in args:
-        device = _device(arg)
-        if device is not None and device[0] != _DLPACK_CPU:
+        device = dlpack_device(arg) if is_tensor(arg) else None
+        if device is not None and device[0] != DLPACK_CPU:
             return True
     return False
 
@@ -48,23 +48,19 @@ def on_gpu(args: Sequence[object]) -> bool:
 def import_arguments(kernel: str, signature: Signature, args: Sequence[object], driver: str, hal_device: Any, hal: Any) -> list:
     """The arguments as IREE buffer views over their own GPU memory, checked against the
     signature; an ArgumentTypeError/ArgumentShapeError naming the first that cannot be."""
+    check_count(kernel, signature, args)
     expected = signature.inputs
-    if len(args) != len(expected):
-        raise ArgumentTypeError(
-            f"{kernel}() takes {len(expected)} argument{'s' if len(expected) != 1 else ''} "
-            f"({', '.join(map(str, expected))}), got {len(args)}"
-        )
     torch = sys.modules.get("torch")
     synchronised: set[object] = set()
     views = []
     for index, (arg, spec) in enumerate(zip(args, expected)):
-        device = _device(arg)
-        if device is None or device[0] == _DLPACK_CPU:
+        device = dlpack_device(arg) if is_tensor(arg) else None
+        if device is None or device[0] == DLPACK_CPU:
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} is in host memory while others are on the GPU: pass every argument "
                 f"on the kernel's GPU (e.g. torch.from_numpy(a).cuda()), or every one in host memory"
             )
-        kind = _kind(arg)
+        kind = kind_name(arg)
         if torch is None or not isinstance(arg, torch.Tensor):
             raise ArgumentTypeError(
                 f"{kernel}() argument {index} is a {kind} in GPU memory; portkern takes torch's GPU tensors (or host memory)"
@@ -91,11 +87,7 @@ def import_arguments(kernel: str, signature: Signature, args: Sequence[object], 
             ) from None
         if int(view.element_type) not in allowed:
             raise ArgumentTypeError(f"{kernel}() argument {index} must have dtype {spec.dtype}, got {arg.dtype}")
-        shape = tuple(view.shape)
-        if len(shape) != len(spec.shape) or any(w is not None and w != h for w, h in zip(spec.shape, shape)):
-            wanted = "x".join("?" if d is None else str(d) for d in spec.shape) or "scalar"
-            got = "x".join(map(str, shape)) or "scalar"
-            raise ArgumentShapeError(f"{kernel}() argument {index} must have shape {wanted}, got {got}")
+        check_shape(kernel, index, spec, tuple(view.shape))
         views.append(view)
     if signature.contract is not None:
         signature.contract.bind(kernel, [tuple(v.shape) for v in views])
@@ -126,20 +118,3 @@ def export_results(views: Sequence[Any], signature: Signature, hal_device: Any, 
     if copies:
         hal.HalFence.create_at(semaphore, copies).wait()
     return tensors
-
-
-def _device(value: object) -> tuple[int, int] | None:
-    """A framework tensor's DLPack (device type, id); None for NumPy arrays and other values."""
-    method = getattr(type(value), "__dlpack_device__", None)
-    if method is None or type(value).__module__.partition(".")[0] == "numpy":
-        return None
-    try:
-        kind, ordinal = method(value)
-        return int(kind), int(ordinal)
-    except Exception:  # noqa: BLE001 - an unusual __dlpack_device__: the host path decides
-        return None
-
-
-def _kind(value: object) -> str:
-    cls = type(value)
-    return f"{cls.__module__.partition('.')[0]}.{cls.__name__}"

@@ -19,32 +19,27 @@ from typing import Any
 import numpy as np
 
 from portkern.base.errors import KernelRuntimeError
-from portkern.jit.vmcall import element_type, native_runtime
+from portkern.jit.vmcall import VmCall
 
 #: Bytes of staging and device buffers one executable keeps between calls, at most.
 KEEP_BYTES = 64 << 20
 
 
-class GpuCall:
-    """An entry function of a module loaded on a GPU driver, callable on C-contiguous host arrays."""
+class GpuCall(VmCall):
+    """An entry function of a module loaded on a GPU driver, callable on C-contiguous host arrays
+    (`VmCall`'s element types and results; its own transfers). Host buffers are `VmCall`'s memory
+    type (host memory the device reaches), with copy and mapping usage."""
 
     def __init__(self, entry: str, vm_context, vm_function, device) -> None:
-        hal = native_runtime()
-        self.entry = entry
-        self._context = vm_context
-        self._function = vm_function
-        self._device = device
-        self._allocator = device.allocator
-        self._hal = hal
+        super().__init__(entry, vm_context, vm_function, device)
+        hal = self._hal
         self._device_memory = int(hal.MemoryType.DEVICE_LOCAL)
         self._device_usage = int(hal.BufferUsage.DEFAULT)
-        self._host_memory = int(hal.MemoryType.HOST_LOCAL | hal.MemoryType.DEVICE_VISIBLE)
         self._host_usage = int(hal.BufferUsage.TRANSFER | hal.BufferUsage.MAPPING_SCOPED)
         self._lock = threading.Lock()
         #: (role, index) -> a buffer of the size the last call needed ("in", "dev", "out").
         self._kept: dict[tuple[str, int], Any] = {}
         self._kept_bytes = 0
-        self._element_types: dict[np.dtype, object] = {}
 
     def __call__(self, arrays) -> list[np.ndarray]:
         """Run on C-contiguous arrays; the results as new NumPy arrays."""
@@ -61,7 +56,7 @@ class GpuCall:
                         np.copyto(staging.map().asarray(array.shape, array.dtype), array)
                         self._copy(staging, target, semaphore, copies)
                         copies += 1
-                    args.push_ref(hal.HalBufferView(target, array.shape, self._element_type(array.dtype)).ref)
+                    args.push_ref(hal.HalBufferView(target, array.shape, self._kind(array.dtype)).ref)
                 if copies:
                     hal.HalFence.create_at(semaphore, copies).wait()
                 results = hal.VmVariantList(1)
@@ -71,30 +66,28 @@ class GpuCall:
                 raise KernelRuntimeError(f"{self.entry}: {exc}") from None
 
     def _download(self, results) -> list[np.ndarray]:
+        """Every result copied to a new NumPy array, through the kept host buffers (one wait for all copies)."""
         hal = self._hal
         semaphore = self._device.create_semaphore(0)
-        staged: list = []
-        copies = 0
+        out: list[np.ndarray] = []
+        staged: list[tuple[int, Any, Any, np.dtype]] = []  # (position in out, host buffer, view, dtype)
         for index in range(len(results)):
-            value = results.get_variant(index)
-            if not isinstance(value, hal.VmRef):
-                staged.append(np.asarray(value))
+            view = self._tensor(results, index)
+            if isinstance(view, np.ndarray):
+                out.append(view)
                 continue
-            view = value.deref(hal.HalBufferView, True)
-            if view is None:
-                raise KernelRuntimeError(f"{self.entry}: result {index} is not a tensor ({value!r})")
-            dtype = np.dtype(hal.HalElementType.map_to_dtype(view.element_type))
+            dtype = self._dtype(view)
             source = view.get_buffer()
-            if not source.byte_length():
-                staged.append(np.empty(tuple(view.shape), dtype))
-                continue
-            staging = self._buffer("out", index, source.byte_length())
-            self._copy(source, staging, semaphore, copies)
-            copies += 1
-            staged.append((staging, tuple(view.shape), dtype))
-        if copies:
-            hal.HalFence.create_at(semaphore, copies).wait()
-        return [np.array(s[0].map().asarray(s[1], s[2])) if isinstance(s, tuple) else s for s in staged]
+            out.append(np.empty(tuple(view.shape), dtype))
+            if source.byte_length():
+                staging = self._buffer("out", index, source.byte_length())
+                self._copy(source, staging, semaphore, len(staged))
+                staged.append((len(out) - 1, staging, view, dtype))
+        if staged:
+            hal.HalFence.create_at(semaphore, len(staged)).wait()
+        for position, staging, view, dtype in staged:
+            out[position] = np.array(staging.map().asarray(view.shape, dtype))
+        return out
 
     def _copy(self, source, target, semaphore, done: int) -> None:
         """Queue a whole-buffer copy after `done` earlier ones (one semaphore counts them)."""
@@ -104,14 +97,14 @@ class GpuCall:
         )
 
     def _buffer(self, role: str, index: int, size: int):
-        """A buffer for `role` ("in"/"out": pinned host memory, "dev": device memory) of `size` bytes
-        (at least one), kept for the next call while the executable keeps at most `KEEP_BYTES`."""
+        """A buffer for `role` ("in"/"out": host memory the device reaches, "dev": device memory) of `size`
+        bytes (at least one), kept for the next call while the executable keeps at most `KEEP_BYTES`."""
         size = max(size, 1)
         key = (role, index)
         kept = self._kept.get(key)
         if kept is not None and kept.byte_length() == size:
             return kept
-        memory, usage = (self._device_memory, self._device_usage) if role == "dev" else (self._host_memory, self._host_usage)
+        memory, usage = (self._device_memory, self._device_usage) if role == "dev" else (self._memory, self._host_usage)
         buffer = self._allocator.allocate_buffer(memory_type=memory, allowed_usage=usage, allocation_size=size)
         if kept is not None:
             self._kept_bytes -= kept.byte_length()
@@ -120,12 +113,3 @@ class GpuCall:
             self._kept[key] = buffer
             self._kept_bytes += size
         return buffer
-
-    def _element_type(self, dtype: np.dtype):
-        found = self._element_types.get(dtype)
-        if found is None:
-            try:
-                found = self._element_types[dtype] = element_type(self._hal, dtype)
-            except (KeyError, ValueError, TypeError) as exc:
-                raise KernelRuntimeError(f"{self.entry}: arrays of {dtype} cannot be passed to IREE ({exc})") from None
-        return found

@@ -482,13 +482,7 @@ class Kernel:
                 return self._call_on_gpu(args)
         if arrays is None:
             arrays = check_arguments(self.name, self.signature, args, self._unchecked)
-        executable = self._code[1]
-        contract = self.signature.contract
-        if self.buckets and contract is not None:  # (a kernel has bucket code only with a shape contract)
-            from portkern.jit import buckets
-
-            _, _, code = buckets.pick(contract, self.buckets, self.name, [a.shape for a in arrays])
-            executable = code[1] if code is not None else executable
+        executable = self._executable_for([a.shape for a in arrays])
         results = [as_declared(r, spec.dtype) for r, spec in zip(executable(*arrays), self.signature.results)]
         if self.specialisation is not None:  # the exact code's build begins after the first result
             self.specialisation.start()
@@ -498,22 +492,27 @@ class Kernel:
             return tensors[0] if len(tensors) == 1 else tuple(tensors)
         return results[0] if len(results) == 1 else tuple(results)
 
+    def _executable_for(self, shapes: list) -> Loaded:
+        """The loaded code a call with arguments of these shapes runs: its bucket's, or the kernel's."""
+        contract = self.signature.contract
+        if self.buckets and contract is not None:  # (a kernel has bucket code only with a shape contract)
+            from portkern.jit import buckets
+
+            _, _, code = buckets.pick(contract, self.buckets, self.name, shapes)
+            if code is not None:
+                return code[1]
+        return self._code[1]
+
     def _call_on_gpu(self, args: Sequence[object]) -> Any:
         """A call on framework tensors in this kernel's GPU memory: results as tensors there (`jit.device_tensors`)."""
         from portkern.jit import device_tensors
         from portkern.jit.runtime import Executable
         from portkern.jit.vmcall import native_runtime
 
-        executable = cast(Executable, self._code[1])  # (a GPU kernel's code is IREE's)
-        driver, device = self.target.driver, executable.hal_device
+        driver, device = self.target.driver, cast(Executable, self._code[1]).hal_device  # (a GPU kernel's code is IREE's)
         hal = native_runtime()
         views = device_tensors.import_arguments(self.name, self.signature, args, driver, device, hal)
-        contract = self.signature.contract
-        if self.buckets and contract is not None:
-            from portkern.jit import buckets
-
-            _, _, code = buckets.pick(contract, self.buckets, self.name, [tuple(v.shape) for v in views])
-            executable = cast(Executable, code[1]) if code is not None else executable
+        executable = cast(Executable, self._executable_for([tuple(v.shape) for v in views]))
         tensors = device_tensors.export_results(executable.call_views(views, len(self.signature.results)), self.signature, device, hal)
         if self.specialisation is not None:
             self.specialisation.start()

@@ -26,7 +26,7 @@ from portkern.base.errors import ArgumentTypeError, brief
 Wrap = Callable[[np.ndarray], object]
 
 #: DLPack's device type for host memory (kDLCPU).
-_DLPACK_CPU = 1
+DLPACK_CPU = 1
 
 
 def is_tensor(value: object) -> bool:
@@ -36,10 +36,10 @@ def is_tensor(value: object) -> bool:
 
 def as_array(kernel: str, index: int, value: object) -> np.ndarray:
     """A NumPy view of a framework tensor's memory (no copy), or an ArgumentTypeError."""
-    kind = _kind(value)
-    device = _device(value)
-    if device is not None and device != _DLPACK_CPU:
-        where = getattr(value, "device", f"DLPack device type {device}")
+    kind = kind_name(value)
+    device = dlpack_device(value)
+    if device is not None and device[0] != DLPACK_CPU:
+        where = getattr(value, "device", f"DLPack device type {device[0]}")
         raise ArgumentTypeError(
             f"{kernel}() argument {index} is a {kind} on {where}; kernels take host memory (copy it first, e.g. tensor.cpu())"
         )
@@ -96,13 +96,16 @@ def _bit_set(value: object, bit: str) -> bool:
     return bool(test()) if callable(test) else False
 
 
-def _device(value: Any) -> int | None:
+def dlpack_device(value: Any) -> tuple[int, int] | None:
+    """A framework tensor's DLPack (device type, device id); None where it does not say."""
     try:
-        return int(value.__dlpack_device__()[0])
+        kind, ordinal = value.__dlpack_device__()
+        return int(kind), int(ordinal)
     except Exception:  # noqa: BLE001 - no or an unusual __dlpack_device__: from_dlpack decides
         return None
 
 
-def _kind(value: object) -> str:
+def kind_name(value: object) -> str:
+    """A tensor's kind as messages name it: its top-level package and class (`torch.Tensor`)."""
     cls = type(value)
     return f"{cls.__module__.partition('.')[0]}.{cls.__name__}"

@@ -85,18 +85,24 @@ class VmCall:
 
     def _buffer_view(self, array: np.ndarray):
         hal = self._hal
-        kind = self._element_types.get(array.dtype)
-        if kind is None:
-            try:
-                kind = self._element_types[array.dtype] = element_type(hal, array.dtype)
-            except (KeyError, ValueError, TypeError) as exc:
-                raise KernelRuntimeError(f"{self.entry}: arrays of {array.dtype} cannot be passed to IREE ({exc})") from None
+        kind = self._kind(array.dtype)
         if array.nbytes >= WRAP_BYTES and array.flags.writeable and not array.ctypes.data % ALIGNMENT:
             buffer = self._allocator.import_host_allocation(array, self._memory, self._usage)
             return hal.HalBufferView(buffer, array.shape, kind)
         return self._allocator.allocate_buffer_copy(self._memory, self._usage, self._device, array, kind)
 
-    def _result(self, results, index: int) -> np.ndarray:
+    def _kind(self, dtype: np.dtype):
+        """The HAL element type of arrays of `dtype`; a KernelRuntimeError for one IREE cannot take."""
+        kind = self._element_types.get(dtype)
+        if kind is None:
+            try:
+                kind = self._element_types[dtype] = _element_type(self._hal, dtype)
+            except (KeyError, ValueError, TypeError) as exc:
+                raise KernelRuntimeError(f"{self.entry}: arrays of {dtype} cannot be passed to IREE ({exc})") from None
+        return kind
+
+    def _tensor(self, results, index: int):
+        """Result `index` as a HAL buffer view, or as a NumPy array where the call returned a plain value."""
         hal = self._hal
         value = results.get_variant(index)
         if not isinstance(value, hal.VmRef):
@@ -104,11 +110,21 @@ class VmCall:
         view = value.deref(hal.HalBufferView, True)
         if view is None:
             raise KernelRuntimeError(f"{self.entry}: result {index} is not a tensor ({value!r})")
+        return view
+
+    def _dtype(self, view) -> np.dtype:
+        """The NumPy dtype of a result buffer view's elements."""
         kind = view.element_type
         dtype = self._dtypes.get(int(kind))
         if dtype is None:
-            dtype = self._dtypes[int(kind)] = np.dtype(hal.HalElementType.map_to_dtype(kind))
-        return host_array(view.map().asarray(view.shape, dtype))
+            dtype = self._dtypes[int(kind)] = np.dtype(self._hal.HalElementType.map_to_dtype(kind))
+        return dtype
+
+    def _result(self, results, index: int) -> np.ndarray:
+        view = self._tensor(results, index)
+        if isinstance(view, np.ndarray):
+            return view
+        return host_array(view.map().asarray(view.shape, self._dtype(view)))
 
 
 def aligned_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
@@ -141,7 +157,7 @@ _ELEMENT_TYPES = {
 }
 
 
-def element_type(hal, dtype: np.dtype):
+def _element_type(hal, dtype: np.dtype):
     """The HAL element type of a NumPy dtype (others than the plain ones: `iree.runtime`'s own mapping)."""
     name = _ELEMENT_TYPES.get(dtype.name) if dtype.isnative else None
     if name is not None:
