@@ -16,7 +16,10 @@ whole-process ratio against twice README's figure: tests/test_benches.py).
 `--split`: where a warm process's first kernel goes: --repeat fresh warm processes run with
 `python -X importtime`; printed per module imported after `import portkern` (load + kernel() +
 first call), the least self time over the processes, beside the first kernel's whole time; what is
-not importing is the rest (reading and checking the bundle, the cache lookups, the runtime).
+not importing is the rest (reading and checking the bundle, the cache lookups, the runtime). Also
+printed: how many record classes (`dataclasses.dataclass`) those imports define and what defining
+them costs (counted in as many more processes, without -X importtime, through a wrapper of
+`dataclasses.dataclass` installed before `import portkern`).
 
 `--per-kernel`: cold finalisation vs warm start per example kernel, each in a fresh process:
     cold: empty cache; portkern.load + bundle.kernel(name) + first call (finalises);
@@ -80,12 +83,27 @@ SPLIT_CHILD = textwrap.dedent(
     m, k, n = shapes[names[0]]
     rng = np.random.default_rng(0)
     a, b, bias = rng.standard_normal((m, k), dtype=np.float32), rng.standard_normal((k, n), dtype=np.float32), rng.standard_normal(n, dtype=np.float32)
+    made = []  # (seconds, name) of each record class defined through `dataclasses.dataclass` (argv[4] == "records")
+    if sys.argv[4:] == ["records"]:
+        import dataclasses
+        define = dataclasses.dataclass
+
+        def counted(cls=None, /, **options):
+            def wrap(c):
+                began = time.perf_counter()
+                record = define(c, **options)
+                made.append((time.perf_counter() - began, f"{c.__module__}.{c.__qualname__}"))
+                return record
+            return wrap if cls is None else wrap(cls)
+
+        dataclasses.dataclass = counted
     import portkern
+    before = len(made)
     start = time.perf_counter()
     out = portkern.load(path).kernel(names[0])(a, b, bias)
     first = time.perf_counter() - start
     ok = bool(np.allclose(out, np.maximum(a.astype(np.float64) @ b + bias, 0), rtol=1e-4, atol=1e-4))
-    print(json.dumps({"first_s": first, "ok": ok}))
+    print(json.dumps({"first_s": first, "ok": ok, "records": made[before:]}))
     """
 )
 
@@ -206,6 +224,7 @@ def split(args: argparse.Namespace) -> int:
         subprocess.run(argv, env=env, capture_output=True, check=True)  # (the modules' .pyc written)
         firsts: list[float] = []
         selves: dict[str, list[float]] = {}
+        records: list[tuple[int, float]] = []
         for _ in range(repeat):
             done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
             report = json.loads(done.stdout.strip().splitlines()[-1])
@@ -213,18 +232,25 @@ def split(args: argparse.Namespace) -> int:
                 print("FAILED: a result was wrong")
                 return 1
             firsts.append(report["first_s"] * 1e3)
+            counted = subprocess.run([sys.executable, "-c", SPLIT_CHILD, *argv[5:], "records"], env=env, capture_output=True, text=True, check=True)
+            made = json.loads(counted.stdout.strip().splitlines()[-1])["records"]
+            records.append((len(made), sum(seconds for seconds, _ in made) * 1e3))
             for module, self_us in imported_after(done.stderr, "portkern"):
                 selves.setdefault(module, []).append(self_us / 1e3)
     least = {module: min(times) for module, times in selves.items()}
     imports = sum(least.values())
     first = statistics.median(firsts)
+    defined = {"count": max(n for n, _ in records), "ms": min(ms for _, ms in records)}
     if args.json:
-        json.dump({"processes": repeat, "first_kernel_ms": first, "imports_ms": imports, "modules_ms": least}, sys.stdout, indent=2)
+        json.dump({"processes": repeat, "first_kernel_ms": first, "imports_ms": imports, "modules_ms": least, "records": defined},
+                  sys.stdout, indent=2)
         print()
         return 0
     print(f"a warm process's first kernel (load + kernel() + first call), {repeat} fresh processes with -X importtime")
     print(f"first kernel: {first:.1f} ms (median; -X importtime itself adds to it); imports in it: {imports:.1f} ms "
           f"(each module's least self time) in {len(least)} modules; the rest: {first - imports:.1f} ms")
+    print(f"record classes (dataclasses) defined by those imports: {defined['count']}, {defined['ms']:.1f} ms "
+          f"(least over as many processes without -X importtime; part of the modules' self times below)")
     groups: dict[str, float] = {}
     for module, ms in least.items():
         group = module if module.startswith("portkern.") else module.split(".")[0]

@@ -14,6 +14,13 @@ parameter threshold's elements (`onnx_parameters.ELEMENTS_THRESHOLD`). Inline va
 transposed here; an initializer whose bytes are external data keeps them where they are and is
 marked (`TRANSPOSED_KEY`), so that its reader streams the transpose
 (`portable.parameters.transposed_file_pieces`).
+
+**Boolean parameters are stored as bytes** (`bool_parameters_as_bytes`): a BOOL initializer
+(or Constant node value) that becomes a parameter is stored as UINT8, the same bytes, and a
+`Cast(to=BOOL)` gives the model its boolean tensor back. IREE 3.13 fails to build code that
+reads an `i1` parameter with data tiling (an attention mask of transformers' exports: "buffer
+and tensor shapes must be compatible", "large vector sizes"); an `i8` one builds, and the
+compiler's default code is the same computation.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from typing import Any, Iterator
 TRANSPOSED_KEY = "portkern-transposed"
 #: Prefix of the Transpose nodes this module inserts (and of their outputs).
 NODE_PREFIX = "portkern_transposed_"
+#: Prefix of the UINT8 tensors that hold boolean parameters' bytes.
+BYTES_PREFIX = "portkern_bytes_"
 
 
 def transpose_matmul_weights(model: Any, threshold: int) -> list[str]:
@@ -61,6 +70,44 @@ def transpose_matmul_weights(model: Any, threshold: int) -> list[str]:
         nodes = [*transposes, *graph.node]
         del graph.node[:]
         graph.node.extend(nodes)
+    return chosen
+
+
+def bool_parameters_as_bytes(model: Any, threshold: int) -> list[str]:
+    """Rewrite `model` (an `onnx.ModelProto`, in place) so that each BOOL tensor of at least
+    `threshold` elements that would become a parameter (an initializer of the main graph that
+    is not a graph input, or the value of a main-graph Constant node) is stored as UINT8 under
+    a fresh name and cast back to BOOL under its own name; the names of the tensors rewritten."""
+    from onnx import TensorProto, helper
+
+    graph = model.graph
+    inputs = {v.name for v in graph.input}
+    taken = {name for node in graph.node for name in (*node.input, *node.output)} | inputs | {t.name for t in graph.initializer}
+    taken |= {v.name for v in (*graph.output, *graph.value_info)}
+    chosen: list[str] = []
+    casts = []
+    for tensor in graph.initializer:
+        if tensor.data_type != TensorProto.BOOL or math.prod(tensor.dims) < threshold or tensor.name in inputs:
+            continue
+        name = tensor.name
+        tensor.name = _fresh(BYTES_PREFIX + name, taken)
+        tensor.data_type = TensorProto.UINT8  # (raw, int32_data and external bytes hold UINT8 as BOOL: one byte, one int each)
+        casts.append(helper.make_node("Cast", [tensor.name], [name], name=tensor.name + "_cast", to=TensorProto.BOOL))
+        chosen.append(name)
+    nodes = []
+    for node in graph.node:
+        nodes.append(node)
+        value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None) if node.op_type == "Constant" else None
+        if value is None or value.data_type != TensorProto.BOOL or math.prod(value.dims) < threshold or not node.output[0]:
+            continue
+        name = node.output[0]
+        node.output[0] = value.name = _fresh(BYTES_PREFIX + name, taken)  # (the importer names the parameter after the value)
+        value.data_type = TensorProto.UINT8
+        nodes.append(helper.make_node("Cast", [node.output[0]], [name], name=node.output[0] + "_cast", to=TensorProto.BOOL))
+        chosen.append(name)
+    if chosen:  # the initializers' casts first in the graph, each Constant's right after it
+        del graph.node[:]
+        graph.node.extend([*casts, *nodes])
     return chosen
 
 

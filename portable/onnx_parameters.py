@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from portkern.base.errors import BuildError
-from portkern.portable.onnx_layout import TRANSPOSED_KEY, transpose_matmul_weights
+from portkern.portable.onnx_layout import TRANSPOSED_KEY, bool_parameters_as_bytes, transpose_matmul_weights
 from portkern.portable.onnx_model import prepare
 from portkern.portable.onnx_wire import strip_initializers
 from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, Reader, bytes_pieces, file_pieces, transposed_file_pieces
@@ -59,12 +59,14 @@ def load_graph(path: Path) -> Any:
 
 def load_kernel_graph(path: Path) -> tuple[Any, list[str]]:
     """`load_graph`'s model prepared as every ONNX intake prepares it (`onnx_model.prepare`), with
-    its MatMul and Gemm weights stored transposed (`portable.onnx_layout`), as the bundle keeps it,
-    and the names of those weights."""
+    its MatMul and Gemm weights stored transposed and its boolean parameters stored as bytes
+    (`portable.onnx_layout`), as the bundle keeps it, and the names of the transposed weights."""
     model = load_graph(path)
     inline_small_tensors(model, path)
     prepare(model)
-    return model, transpose_matmul_weights(model, ELEMENTS_THRESHOLD)
+    transposed = transpose_matmul_weights(model, ELEMENTS_THRESHOLD)
+    bool_parameters_as_bytes(model, ELEMENTS_THRESHOLD)
+    return model, transposed
 
 
 def inline_small_tensors(model: Any, path: Path, threshold: int = ELEMENTS_THRESHOLD) -> int:

@@ -1,6 +1,7 @@
-"""MatMul and Gemm weights stored transposed (`portable.onnx_layout`): the same results as the
-model as written (NumPy reference), the bundle's parameter holding the transpose, and weights
-with any other use left as they are."""
+"""MatMul and Gemm weights stored transposed, boolean parameters stored as bytes
+(`portable.onnx_layout`): the same results as the model as written (NumPy reference), the
+bundle's parameter holding the transpose (the bytes), and weights with any other use left as
+they are."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ pytest.importorskip("onnx", reason="ONNX models need the 'onnx' package")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 import portkern  # noqa: E402
+from portkern.jit import devices  # noqa: E402
+from portkern.jit.runtime import Executable  # noqa: E402
 from portkern.portable import bundle as fmt  # noqa: E402
 from portkern.portable.builder import build_file  # noqa: E402
-from portkern.portable.onnx_layout import NODE_PREFIX, TRANSPOSED_KEY, transpose_matmul_weights  # noqa: E402
+from portkern.portable.onnx_layout import BYTES_PREFIX, NODE_PREFIX, TRANSPOSED_KEY, bool_parameters_as_bytes, transpose_matmul_weights  # noqa: E402
 from portkern.portable.parameters import transposed_file_pieces  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-5
@@ -149,3 +152,69 @@ def test_transposed_file_pieces_stream_the_exact_transpose(tmp_path, rows, cols,
     matrix = data.reshape(rows, cols, itemsize)
     assert hashlib.sha256(b"".join(pieces)).digest() == hashlib.sha256(matrix.transpose(1, 0, 2).tobytes()).digest()
     assert max(len(p) for p in pieces) <= max(4096, rows * itemsize)
+
+
+MASK = np.tril(np.ones((1, 1, 128, 128), dtype=bool))
+
+
+def masked_attention_model(as_constant: bool):
+    """softmax(q @ k + where(mask, 0, -1e9)) with a boolean 128x128 causal mask, an initializer or
+    (`as_constant`) a Constant node's value: the pattern of transformers' attention exports."""
+    mask = numpy_helper.from_array(MASK, "mask")
+    nodes = [
+        helper.make_node("MatMul", ["q", "k"], ["s"]),
+        helper.make_node("Where", ["mask", "zero", "neg"], ["bias"]),
+        helper.make_node("Add", ["s", "bias"], ["t"]),
+        helper.make_node("Softmax", ["t"], ["y"], axis=-1),
+    ]
+    inits = [numpy_helper.from_array(np.array(0, np.float32), "zero"), numpy_helper.from_array(np.array(-1e9, np.float32), "neg")]
+    if as_constant:
+        nodes.insert(0, helper.make_node("Constant", [], ["mask"], value=mask))
+    else:
+        inits.append(mask)
+    return model_of(nodes, [value("q", [1, 2, 128, 32]), value("k", [1, 2, 32, 128])], [value("y", [1, 2, 128, 128])], inits)
+
+
+def masked_attention(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    s = q.astype(np.float64) @ k + np.where(MASK, 0.0, -1e9)
+    e = np.exp(s - s.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@pytest.mark.parametrize("as_constant, external", [(False, False), (False, True), (True, False)],
+                         ids=["initializer", "initializer-external-data", "constant-node"])
+def test_a_boolean_mask_is_stored_as_bytes_and_builds_with_data_tiling(tmp_path, store, as_constant, external):
+    """IREE 3.13 cannot build an `i1` parameter with data tiling ("buffer and tensor shapes must be
+    compatible"): the mask is a UINT8 parameter of the same bytes, cast back in the code, and the
+    default and data-tiled code both match NumPy."""
+    out = tmp_path / "m.pkb"
+    build_file(save(masked_attention_model(as_constant), tmp_path / "model", external), out)
+    loaded = portkern.load(out, store=store)
+    section, record = loaded.bundle.parameters, loaded.record("net")
+    (stored,) = record.parameters
+    assert stored.name == BYTES_PREFIX + "mask"
+    with open(out, "rb") as f:
+        f.seek(section.offset + stored.offset)
+        np.testing.assert_array_equal(np.frombuffer(f.read(stored.size), dtype=np.uint8), MASK.astype(np.uint8).ravel())
+    rng = np.random.default_rng(9)
+    q, k = rng.standard_normal((1, 2, 128, 32), dtype=np.float32), rng.standard_normal((1, 2, 32, 128), dtype=np.float32)
+    target = devices.resolve("cpu", store)
+    for config in ("default", "data-tiling"):
+        code = loaded.native(record, target, config).data
+        (got,) = Executable(code, record.entry, target.driver, loaded.parameters_for(record))(q, k)
+        np.testing.assert_allclose(got, masked_attention(q, k), rtol=RTOL, atol=ATOL, err_msg=config)
+
+
+def test_the_bytes_rewrite_leaves_small_and_input_tensors_and_keeps_the_names_consumers_read():
+    small = numpy_helper.from_array(np.ones((4, 4), dtype=bool), "small")  # under the threshold: left alone
+    given = numpy_helper.from_array(np.ones((32, 32), dtype=bool), "given")  # a graph input's default: left alone
+    nodes = [helper.make_node("And", ["mask", "small"], ["a"]), helper.make_node("And", ["a", "given"], ["b"])]
+    model = model_of(nodes, [helper.make_tensor_value_info("given", TensorProto.BOOL, [32, 32])], [],
+                     [numpy_helper.from_array(MASK[0, 0, :32, :32].copy(), "mask"), small, given])
+    assert bool_parameters_as_bytes(model, THRESHOLD) == ["mask"]
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    assert types == {BYTES_PREFIX + "mask": TensorProto.UINT8, "small": TensorProto.BOOL, "given": TensorProto.BOOL}
+    cast = model.graph.node[0]
+    assert (cast.op_type, list(cast.input), list(cast.output)) == ("Cast", [BYTES_PREFIX + "mask"], ["mask"])
+    assert [list(n.input) for n in model.graph.node[1:]] == [["mask", "small"], ["a", "given"]]
+    assert bool_parameters_as_bytes(model, THRESHOLD) == []  # once only
