@@ -60,6 +60,47 @@ def test_gemm_option_variants_are_checked_against_the_default_under_a_budget(exa
     assert_example(kernel, rng)
 
 
+#: Rows of each matmul of a kernel of like-sized ones (none a tenth of its work alone, as in
+#: ResNet-18, whose 20 convolutions carry 3-8 % each); distinct, so each is a dispatch of its own.
+ROWS = [64 + 4 * i for i in range(16)]
+
+
+def many_matmuls_mlir(size: int = 64) -> str:
+    """`@many(a0, ..., a15, b)`: each `ai @ b` (ai of ROWS[i] rows, b size x size), 16 results."""
+    inputs = [f"tensor<{m}x{size}xf32>" for m in ROWS]
+    b = f"tensor<{size}x{size}xf32>"
+    body = []
+    for i, t in enumerate(inputs):
+        body += [f"  %e{i} = tensor.empty() : {t}",
+                 f"  %z{i} = linalg.fill ins(%zero : f32) outs(%e{i} : {t}) -> {t}",
+                 f"  %m{i} = linalg.matmul ins(%a{i}, %b : {t}, {b}) outs(%z{i} : {t}) -> {t}"]
+    args = ", ".join(f"%a{i}: {t}" for i, t in enumerate(inputs))
+    return "\n".join([f"func.func @many({args}, %b: {b}) -> ({', '.join(inputs)}) {{", "  %zero = arith.constant 0.0 : f32", *body,
+                      f"  return {', '.join(f'%m{i}' for i in range(len(inputs)))} : {', '.join(inputs)}", "}", ""])
+
+
+def test_a_kernel_of_many_like_sized_matmuls_has_its_module_options_timed(tmp_path, store):
+    """No matmul carries a tenth of the kernel's work, so `quick` tunes no dispatch's tiles; together
+    they carry all of it, so the module options are compiled, checked and timed whole (the note says
+    both), and whatever is kept computes what NumPy does."""
+    path = build_mlir(tmp_path, "many", many=many_matmuls_mlir())
+    bundle = portkern.load(path, store=store)
+    record, target = bundle.record("many"), devices.resolve("cpu", store)
+    result = tune_kernel(bundle.natives, record, target, "quick")
+    tried = {e.config: e for e in result.evaluations if e.config != "default"}
+    assert {"data-tiling", "O2"} <= set(tried), result.note
+    assert all(e.ok or e.status == "duplicate" for e in tried.values()), [(e.config, e.status, e.error) for e in tried.values()]
+    assert "module options timed whole" in result.note and "no dispatch carries 10%" in result.note, result.note
+    assert not kernel_config.parse(result.config).dispatches  # no dispatch's tiles were tuned
+    kernel = portkern.load(path, store=store).kernel("many")
+    assert kernel.config == result.config
+    rng = np.random.default_rng(3)
+    a = [rng.standard_normal((m, 64), dtype=np.float32) for m in ROWS]
+    b = rng.standard_normal((64, 64), dtype=np.float32)
+    for got, ai in zip(kernel(*a, b), a):
+        np.testing.assert_allclose(got, ai.astype(np.float64) @ b, rtol=1e-4, atol=1e-4)
+
+
 def test_module_options_print_in_table_order_once_each():
     config = kernel_config.parse("O2;data-tiling;0=cpu:v1:64x64x0,8x32x0,0x0x4")
     assert config.options == ("O2", "data-tiling") and str(config).startswith("O2;data-tiling;0=")

@@ -250,8 +250,9 @@ class _Run:
                 base = base.with_dispatch(d.index, config)
                 results[d.index] = DispatchResult.from_dict({**stored, "index": d.index, "name": d.name, "problem": d.problem, "source": "db"})
             searched = False
-            if not chosen and not base.options:
-                return TuneResult(self.record.name, self.target.label, self.module.NAME, DEFAULT, "default", list(results.values()), note=self.options_note)
+            if not chosen and not base.options and not self.options_tried:
+                note = "; ".join(n for n in (self.options_note, self._none_chosen_note()) if n)
+                return TuneResult(self.record.name, self.target.label, self.module.NAME, DEFAULT, "default", list(results.values()), note=note)
             for position, d in enumerate(to_search):
                 try:
                     results[d.index], config = self._search(d, base, len(to_search) - position)
@@ -263,10 +264,17 @@ class _Run:
                 for r in results.values():  # the kernel's search was cut short, whatever its dispatches did
                     r.complete = False
             result = self._conclude(base, list(results.values()), "search" if searched or self.options_tried else "db")
-            result.note = "; ".join(n for n in (result.note, self.options_note) if n)
+            result.note = "; ".join(n for n in (result.note, self.options_note, "" if chosen else self._none_chosen_note()) if n)
             return result
         finally:
             self.evaluator.release()
+
+    def _none_chosen_note(self) -> str:
+        """Why the strategy tuned no dispatch's tiles (its `choose` took none)."""
+        if not any(d.tunable for d in self.found):
+            return "no dispatch has a tile space: the compiler's defaults stay"
+        return (f"no dispatch carries {strategies.SIGNIFICANT_SHARE:.0%} of the kernel's work by itself: {self.module.NAME!r} "
+                "tunes no dispatch's tiles (`full` tunes every dispatch)")
 
     def _module_options(self) -> KernelConfig:
         """The module options the kernel's tile search runs under: the variants of `OPTION_VARIANTS`
@@ -280,9 +288,11 @@ class _Run:
             return none
         if self.target.driver not in OPTION_DRIVERS:
             return none
-        # the dispatches the strategy would tune: a kernel of small ones only is within timing noise as a whole
+        # a variant applies where the dispatches the strategy would tune have its root op, or where those
+        # of that root op carry the kernel's work together (a network of many like-sized convolutions):
+        # a kernel of small ones only is within timing noise as a whole
         roots = [d.root for d in self.module.choose(self.found)]
-        variants = [options for options, root in OPTION_VARIANTS if any(root in r for r in roots)]
+        variants = [options for options, root in OPTION_VARIANTS if any(root in r for r in roots) or strategies.carries(self.found, root)]
         if not variants:
             return none
         if self.record.source_stage() is None:

@@ -60,6 +60,14 @@ def significant(dispatches: Sequence[Dispatch]) -> list[Dispatch]:
     return [d for d in dispatches if d.tunable and (d.requested or d.work >= SIGNIFICANT_POINTS and d.work / total >= SIGNIFICANT_SHARE)]
 
 
+def carries(dispatches: Sequence[Dispatch], root: str) -> bool:
+    """Whether the tunable dispatches whose root op holds `root` ("": any) carry a real share of the
+    kernel's work together (what `significant` asks of one dispatch), however many share it."""
+    total = sum(d.work for d in dispatches if d.tunable) or 1
+    work = sum(d.work for d in dispatches if d.tunable and root in d.root)
+    return work >= SIGNIFICANT_POINTS and work / total >= SIGNIFICANT_SHARE
+
+
 def tunable(dispatches: Sequence[Dispatch]) -> list[Dispatch]:
     return [d for d in dispatches if d.tunable]
 
