@@ -279,7 +279,8 @@ class _Run:
     def _module_options(self) -> KernelConfig:
         """The module options the kernel's tile search runs under: the variants of `OPTION_VARIANTS`
         that apply (CPU kernels with a source stage, strategies with `OPTIONS`, a dispatch the
-        strategy tunes with a root op of the variant's kind), in order, as many as
+        strategy tunes with a root op of the variant's kind, or dispatches of that kind that carry
+        the kernel's work together: `strategies.carries`), in order, as many as
         the budget allows, compiled whole at the compiler's default configs, checked against the
         default's outputs and timed side by side with it; the fastest is kept when it beats the
         default by `MIN_GAIN`. `self.found` becomes the dispatches of the module compiled with it."""
