@@ -28,6 +28,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator
 
+from portkern.portable.onnx_model import constant_value
+
 #: External-data entry of an initializer whose stored bytes (in its file) are the transpose
 #: of the (reversed) dims the model now states.
 TRANSPOSED_KEY = "portkern-transposed"
@@ -46,7 +48,7 @@ def transpose_matmul_weights(model: Any, threshold: int) -> list[str]:
     uses = _uses(graph)
     declared = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
     inner = {name for node in graph.node for sub in _subgraphs(node) for name in _names_used(sub)}
-    taken = {name for node in graph.node for name in (*node.input, *node.output)} | declared | {t.name for t in graph.initializer}
+    taken = _names_taken(graph)
     chosen, transposes = [], []
     for tensor in graph.initializer:
         count = math.prod(tensor.dims)
@@ -82,8 +84,7 @@ def bool_parameters_as_bytes(model: Any, threshold: int) -> list[str]:
 
     graph = model.graph
     inputs = {v.name for v in graph.input}
-    taken = {name for node in graph.node for name in (*node.input, *node.output)} | inputs | {t.name for t in graph.initializer}
-    taken |= {v.name for v in (*graph.output, *graph.value_info)}
+    taken = _names_taken(graph)
     chosen: list[str] = []
     casts = []
     for tensor in graph.initializer:
@@ -97,7 +98,7 @@ def bool_parameters_as_bytes(model: Any, threshold: int) -> list[str]:
     nodes = []
     for node in graph.node:
         nodes.append(node)
-        value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None) if node.op_type == "Constant" else None
+        value = constant_value(node)
         if value is None or value.data_type != TensorProto.BOOL or math.prod(value.dims) < threshold or not node.output[0]:
             continue
         name = node.output[0]
@@ -180,6 +181,12 @@ def _names_used(graph: Any) -> Iterator[str]:
         yield from node.input
         for sub in _subgraphs(node):
             yield from _names_used(sub)
+
+
+def _names_taken(graph: Any) -> set[str]:
+    """Every value name the graph's nodes, initializers, inputs, outputs and value_info entries use."""
+    declared = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    return {name for node in graph.node for name in (*node.input, *node.output)} | declared | {t.name for t in graph.initializer}
 
 
 def _fresh(name: str, taken: set[str]) -> str:

@@ -24,6 +24,13 @@ class GraphInput:
     kernel_name: str
 
 
+def constant_value(node: Any) -> Any | None:
+    """The tensor a Constant node's `value` attribute holds (None for other nodes and other forms)."""
+    if node.op_type != "Constant":
+        return None
+    return next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+
+
 def kernel_name(text: str) -> str:
     """A kernel name (letters, digits, underscores) for a model name."""
     return "".join(c if c.isalnum() else "_" for c in text).strip("_") or "model"
@@ -86,7 +93,7 @@ def fold_shape_constants(model: Any) -> int:
     nodes, folded = [], 0
     for node in graph.node:
         if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and len(node.output) == 1:
-            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+            value = constant_value(node)
             if value is not None and math.prod(value.dims) <= SHAPE_CONSTANT_ELEMENTS:
                 constants[node.output[0]] = numpy_helper.to_array(value)
         outputs = None

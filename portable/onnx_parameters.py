@@ -18,7 +18,7 @@ from typing import Any
 
 from portkern.base.errors import BuildError
 from portkern.portable.onnx_layout import TRANSPOSED_KEY, bool_parameters_as_bytes, transpose_matmul_weights
-from portkern.portable.onnx_model import prepare
+from portkern.portable.onnx_model import constant_value, prepare
 from portkern.portable.onnx_wire import strip_initializers
 from portkern.portable.parameters import DEFAULT_SCOPE, ParameterData, Reader, bytes_pieces, file_pieces, transposed_file_pieces
 
@@ -132,8 +132,8 @@ def parameter_data(model: Any, path: Path, kernel: str, references: list[tuple[s
     # the importer makes a large Constant node's value a parameter too (as the rewrites of
     # `onnx_semantics` may add)
     for node in model.graph.node:
-        if node.op_type == "Constant" and node.output and node.output[0]:
-            value = next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
+        if node.output and node.output[0]:
+            value = constant_value(node)
             if value is not None:
                 by_name.setdefault(sanitized(node.output[0]), value)
     data = []
