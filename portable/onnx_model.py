@@ -1,5 +1,6 @@
 """An ONNX model made ready to be one kernel: the one preparation every ONNX intake passes through
-(`prepare`: legacy PRelu slopes, padded MaxPools IREE cannot lower), its graph named after the
+(`prepare`: legacy PRelu slopes, padded MaxPools IREE cannot lower, Gathers of one constant
+index as slices), its graph named after the
 kernel, and what it needs described (operators, inputs) for refusals and callers. Value names
 stay as the model states them: they are data (`portable.contract` derives identifiers beside them)."""
 
@@ -51,13 +52,14 @@ def prepare(model: Any) -> bool:
     """The one preparation of an ONNX model for IREE's importer, in place, whichever way it came in
     (a manifest's `.onnx` source, `portkern.onnx.prepare`): legacy per-channel PRelu slopes made
     explicit (`channel_slopes`), asymmetric MaxPool padding made an explicit Pad (`explicit_pool_pads`),
-    Constant values named (`named_constants`) and shape arithmetic on constants computed (`fold_shape_constants`).
-    Whether it changed the model."""
+    Constant values named (`named_constants`), shape arithmetic on constants computed (`fold_shape_constants`)
+    and Gathers of one constant index made slices (`gathers_as_slices`). Whether it changed the model."""
     slopes = channel_slopes(model)
     pads = explicit_pool_pads(model)
     named = named_constants(model)
     folded = fold_shape_constants(model)
-    return slopes or pads or named or folded > 0
+    sliced = gathers_as_slices(model)
+    return slopes or pads or named or folded > 0 or sliced > 0
 
 
 #: Operators of shape arithmetic that `fold_shape_constants` computes when every input is a constant.
@@ -220,6 +222,73 @@ def explicit_pool_pads(model: Any) -> bool:
         if opset < 11:  # upgrading Pad to opset 11 adds initializers that IR 3 would need listed as inputs
             model.ir_version = max(model.ir_version, 4)
     return changed
+
+
+def gathers_as_slices(model: Any) -> int:
+    """Each main-graph Gather of one constant index (a 0-d initializer that is not a graph input, or a
+    Constant node's 0-d value) from a tensor of rank 2 or more whose axis has a known size and holds
+    the index becomes, in place, a Slice of that one position and a Squeeze of the axis: the same
+    values. IREE 3.13 lowers such a Gather to an element-wise gather that it does not vectorise
+    (`nn.MultiheadAttention` splits its packed query, key and value projection with three), and a
+    Slice to a copy that it does. Rank-1 data (shape arithmetic) and indices out of range are left
+    to the Gather. Needs opset 13 (Squeeze's axes as an input). How many Gathers were rewritten."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = model.graph
+    if _opset(model) < 13:
+        return 0
+    inputs = {v.name for v in graph.input}
+    indices = {t.name: t for t in graph.initializer if t.name not in inputs and not t.dims}
+    indices.update((n.output[0], v) for n in graph.node if (v := constant_value(n)) is not None and not v.dims and n.output)
+    candidates = [
+        (at, n) for at, n in enumerate(graph.node)
+        if n.op_type == "Gather" and n.domain in ("", "ai.onnx") and len(n.input) == 2 and n.input[1] in indices
+        and indices[n.input[1]].data_type in (TensorProto.INT32, TensorProto.INT64)
+    ]
+    if not candidates:
+        return 0
+    dims = _dims(model)
+    taken = {n for node in graph.node for n in (*node.input, *node.output)} | {t.name for t in graph.initializer} | inputs
+    replaced: dict[int, list[Any]] = {}
+    for at, node in candidates:
+        shape = dims.get(node.input[0])
+        axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
+        if shape is None or len(shape) < 2 or not -len(shape) <= axis < len(shape):
+            continue
+        axis %= len(shape)
+        index, size = int(numpy_helper.to_array(indices[node.input[1]])), shape[axis]
+        if size is None or not -size <= index < size:
+            continue
+        index %= size
+        base = node.output[0]
+        starts, ends, axes = (_fresh(f"{base}.{part}", taken) for part in ("starts", "ends", "axes"))
+        sliced = _fresh(f"{base}.slice", taken)
+        for name, value in ((starts, index), (ends, index + 1), (axes, axis)):
+            graph.initializer.append(helper.make_tensor(name, TensorProto.INT64, [1], [value]))
+        replaced[at] = [
+            helper.make_node("Slice", [node.input[0], starts, ends, axes], [sliced], name=f"{node.name}.slice"),
+            helper.make_node("Squeeze", [sliced, axes], [base], name=f"{node.name}.squeeze"),
+        ]
+    if replaced:
+        nodes = [m for at, n in enumerate(graph.node) for m in replaced.get(at, [n])]
+        del graph.node[:]
+        graph.node.extend(nodes)
+    return len(replaced)
+
+
+def _dims(model: Any) -> dict[str, list[int | None]]:
+    """Value name -> its dims (None where not a fixed size), from the model's declarations and shape inference."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model)
+    except Exception:  # noqa: BLE001 - inference is best effort; declared shapes still count
+        inferred = model
+    dims: dict[str, list[int | None]] = {t.name: list(t.dims) for t in model.graph.initializer}
+    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
+        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+            dims[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
+    return dims
 
 
 def _opset(model: Any) -> int:
