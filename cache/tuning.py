@@ -71,11 +71,12 @@ class TuningDB:
         record = {"kind": "kernel", "bundle": bundle, "device_label": label, "created": time.time(), **_fields(fields)}
         return self.store.put_tuning(problem, device, self.compiler, record)
 
-    def chosen(self, problem: str, device: DeviceFingerprint) -> str | None:
-        """The config a kernel's stored selection names, unless it is marked unusable (None: no usable selection)."""
+    def chosen(self, problem: str, device: DeviceFingerprint) -> tuple[str, bool] | None:
+        """The config a kernel's stored selection names and whether its calls run on the task
+        executor whatever their size (`executor`), unless it is marked unusable (None: no usable selection)."""
         stored = self.selection(problem, device) or {}
         config = stored.get("config")
-        return config if isinstance(config, str) and not stored.get(UNUSABLE) else None
+        return (config, stored.get("executor") is True) if isinstance(config, str) and not stored.get(UNUSABLE) else None
 
     def set_aside(self, problem: str, device: DeviceFingerprint, config: str, reason: str) -> bool:
         """Mark a kernel's stored selection unusable (`reason`) if it still names `config`; True when marked."""

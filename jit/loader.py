@@ -65,6 +65,8 @@ class Tuned(Protocol):
     config: str
     #: "search" when it was searched for in this call.
     source: str
+    #: Whether the kernel's calls run on the task executor whatever their size (timed faster there).
+    executor: bool
 
 
 class Tuning(Protocol):
@@ -139,10 +141,10 @@ class LoadedBundle:
         self.natives = NativeCode(bundle, store if store is not None else default_store(), pool, path)
         #: What answers `tune=` with a strategy that searches (None: such a request is refused).
         self.tuning = tuning
-        #: Loaded code by (kernel, driver, cache key): the native bytes and their executable (held
+        #: Loaded code by (kernel, driver, cache key, calls on the executor): the native bytes and their executable (held
         #: weakly: only kernels keep code loaded), so asking again for a kernel whose code is
         #: unchanged while one is still held does not load it into IREE again.
-        self._loaded: dict[tuple[str, str, str], tuple[bytes, weakref.ref[Loaded]]] = {}
+        self._loaded: dict[tuple[str, str, str, bool], tuple[bytes, weakref.ref[Loaded]]] = {}
 
     @property
     def bundle(self) -> Bundle:
@@ -244,12 +246,12 @@ class LoadedBundle:
                 kernel = Kernel(record, target, baseline, self._executable(record, target, baseline), None, self._bucket_table(record, target))
                 kernel._specialise(lambda: self.pool, lambda: self._final(record, target, tune))
                 return kernel
-        plan, native, tuning = self._resolve(record, target, tune, baselines=later)
+        plan, native, tuning, executor = self._resolve(record, target, tune, baselines=later)
         buckets = None
         if shapes is not None and tune is not None:  # (shapes without a searching `tune` are refused above)
             buckets = self._tuner(tune).tune_shapes(self.natives, record, target, tune, shapes)
         try:
-            executable = self._executable(record, target, native)
+            executable = self._executable(record, target, native, executor)
         except KernelRuntimeError as exc:
             if native.origin not in ("cache", "remote"):
                 raise
@@ -259,7 +261,7 @@ class LoadedBundle:
             if native.origin == "remote" and remote is not None:  # (remote code came from the remote tier)
                 remote.reject_native(native.key, f"does not load: {exc}")
             native = self.natives.obtain(plan)
-            executable = self._executable(record, target, native)
+            executable = self._executable(record, target, native, executor)
         kernel = Kernel(record, target, native, executable, tuning, self._bucket_table(record, target), buckets, describe(plan.stage))
         if native.origin == "baseline":
             kernel._specialise(lambda: self.pool, lambda: self._final(record, target, tune))
@@ -268,7 +270,7 @@ class LoadedBundle:
     def _resolve(self, record: KernelRecord, target: Target, tune: str | None, baselines: bool) -> tuple:
         """(plan, native code, tuning result) for a kernel: its config (tuned now if `tune` asks),
         then the code; a stored config that does not build is set aside for the default."""
-        config, tuning = self.config_for(record, target, tune)
+        config, tuning, executor = self.config_for(record, target, tune)
         try:
             plan = self.plan(record, target, config)  # a config with module options needs a source stage
             native = self.natives.obtain(plan, baselines)
@@ -276,17 +278,17 @@ class LoadedBundle:
             if config == DEFAULT_CONFIG or isinstance(exc, CompileForbiddenError):  # a policy, not a config that fails
                 raise
             self._set_aside(record, target, config, exc)
-            tuning, plan = None, self.plan(record, target)
+            tuning, plan, executor = None, self.plan(record, target), False
             native = self.natives.obtain(plan, baselines)
         if tuning is not None and tuning.source == "search":
             native = replace(native, origin="tuned")
-        return plan, native, tuning
+        return plan, native, tuning, executor
 
     def _final(self, record: KernelRecord, target: Target, tune: str | None) -> tuple:
         """The exact code (tuned if `tune` asks), loaded, and the tuning result: what a kernel
         served from a baseline switches to."""
-        _, native, tuning = self._resolve(record, target, tune, baselines=False)
-        return native, self._executable(record, target, native), tuning
+        _, native, tuning, executor = self._resolve(record, target, tune, baselines=False)
+        return native, self._executable(record, target, native, executor), tuning
 
     def _baseline(self, record: KernelRecord, target: Target) -> Native | None:
         """Baseline code for the default config, on a device that has neither the exact code nor
@@ -333,9 +335,10 @@ class LoadedBundle:
             outcomes[plan.name] = outcome
         return {record.name: outcomes[record.name] for record in records}
 
-    def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, Tuned | None]:
+    def config_for(self, record: KernelRecord, target: Target, tune: str | None) -> tuple[str, Tuned | None, bool]:
         """The perf config to use (stored selection, default, or a fresh tuning result from
-        `tuning`), and the tuning result when `tune` asked for one."""
+        `tuning`), the tuning result when `tune` asked for one, and whether the kernel's calls run
+        on the task executor whatever their size (its tuning found them faster there)."""
         if tune not in NO_SEARCH and not toolchain_for(record).tunable(record):
             raise TuningError(
                 f"{record.name!r} ({record.kind} kernel) runs with its manifest's launch sizes; it is not tuned "
@@ -345,10 +348,10 @@ class LoadedBundle:
             if tune is None:
                 chosen = self.tuning_db(record).chosen(selection_problem(record, target), target.fingerprint)
                 if chosen is not None:
-                    return chosen, None
-            return DEFAULT_CONFIG, None
+                    return chosen[0], None, chosen[1]
+            return DEFAULT_CONFIG, None, False
         result = self._tuner(tune).tune(self.natives, record, target, tune)
-        return result.config, result
+        return result.config, result, result.executor
 
     def _tuner(self, tune: str) -> Tuning:
         if self.tuning is None:
@@ -364,12 +367,12 @@ class LoadedBundle:
         )
         self.tuning_db(record).set_aside(selection_problem(record, target), target.fingerprint, config, reason)
 
-    def _executable(self, record: KernelRecord, target: Target, native: Native) -> Loaded:
-        memo = (record.name, target.driver, native.key)
+    def _executable(self, record: KernelRecord, target: Target, native: Native, executor: bool = False) -> Loaded:
+        memo = (record.name, target.driver, native.key, executor)
         known = self._loaded.get(memo)
         executable = known[1]() if known is not None and known[0] == native.data else None
         if executable is None:
-            executable = toolchain_for(record).executable(native.data, record, target, native.config, self.parameters_for(record))
+            executable = toolchain_for(record).executable(native.data, record, target, native.config, self.parameters_for(record), executor)
             self._loaded[memo] = (native.data, weakref.ref(executable))
         return executable
 

@@ -3,7 +3,8 @@
 Where a CPU call runs (`local-task` kernels; `call_driver`): on the calling thread (IREE's
 `local-sync` driver), unless its arguments and the parameters (weights) it reads total
 `PORTKERN_EXECUTOR_MIN_BYTES` or more (`settings.executor_min_bytes`, read when the executable
-is made): such a call runs on the process's task executor, spread over the cores. In a forked
+is made), or its kernel's tuning found its calls faster there and the setting is not given:
+such a call runs on the process's task executor, spread over the cores. In a forked
 child (a pre-fork server's worker, whose siblings share the cores) every call runs on the
 calling thread. The rule reads sizes, the setting and whether the process was forked, nothing
 timed, so the same call always runs the same way. The runtime releases the GIL while a call runs, so threads calling kernels
@@ -238,22 +239,33 @@ def call_driver(driver: str, nbytes: int, min_bytes: int | None = None) -> str:
     return driver if nbytes >= limit else inline
 
 
+def executor_min_bytes(executor: bool = False) -> int:
+    """The size from which a call runs on the task executor: `PORTKERN_EXECUTOR_MIN_BYTES`, or 0
+    for a kernel whose tuning found its calls faster there (`executor`) unless the setting is given."""
+    if executor and not settings.given(settings.EXECUTOR_MIN_BYTES).given:
+        return 0
+    return settings.executor_min_bytes()
+
+
 class Executable:
     """A loaded vmfb whose entry function takes and returns NumPy arrays; `parameters`: the
-    named parameters (weights) it reads, from their bundle's bytes in memory."""
+    named parameters (weights) it reads, from their bundle's bytes in memory; `executor`: its
+    kernel's tuning found its calls faster on the task executor (`executor_min_bytes`)."""
 
-    def __init__(self, vmfb: bytes, entry: str, driver: str = "local-task", parameters: "KernelParameters | None" = None) -> None:
+    def __init__(
+        self, vmfb: bytes, entry: str, driver: str = "local-task", parameters: "KernelParameters | None" = None, executor: bool = False,
+    ) -> None:
         self.entry = entry
         self.driver = driver
         self.parameters = parameters
         self._vmfb = vmfb
         self._loaded: dict[str, _Loaded] = {}
         #: Calls whose arguments and parameters total this many bytes or more run on the task executor.
-        self.executor_min_bytes = settings.executor_min_bytes()
+        self.executor_min_bytes = executor_min_bytes(executor)
         #: Bytes of the parameters every call reads.
         self.weight_bytes = parameters.nbytes if parameters is not None else 0
         with _process.calls:  # loaded where most calls run: a CPU kernel's small calls run on the calling thread
-            self._load(INLINE.get(driver, driver))
+            self._load(driver if self.executor_min_bytes == 0 else INLINE.get(driver, driver))
 
     def _load(self, driver: str) -> _Loaded:
         """The vmfb loaded on `driver` in this process (loaded again after fork)."""

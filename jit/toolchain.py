@@ -84,12 +84,13 @@ class IreeToolchain:
 
         check_stage(stage, name, bytecode=False)
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None) -> Loaded:
+    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None, executor: bool = False) -> Loaded:
         """A loaded, callable kernel for native code built with `config`, reading `parameters`
-        (a bundle's mapped parameters) if it has any."""
+        (a bundle's mapped parameters) if it has any; `executor`: its tuning found its calls
+        faster on the task executor (`jit.runtime.executor_min_bytes`)."""
         from portkern.jit.runtime import Executable
 
-        return Executable(data, record.entry, target.driver, parameters)
+        return Executable(data, record.entry, target.driver, parameters, executor)
 
 
 class OpenclToolchain:
@@ -129,7 +130,7 @@ class OpenclToolchain:
     def check(self, stage: Stage, name: str) -> None:
         """Nothing to refuse beyond what `stage` checked."""
 
-    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None) -> Loaded:
+    def executable(self, data: bytes, record: KernelRecord, target: Target, config: str, parameters=None, executor: bool = False) -> Loaded:
         return self._native.Executable(data, record, target, config)
 
 

@@ -278,6 +278,28 @@ def test_where_a_call_runs_follows_its_arguments_size_and_the_setting(examples_b
         assert _check_calls(kernel, 1) == ""
 
 
+@pytest.mark.parametrize(("executor_min_bytes", "driver"), [(None, "local-task"), ("inf", "local-sync"), ("4MiB", "local-sync")])
+def test_a_kernel_tuned_faster_on_the_executor_runs_its_calls_there_unless_the_setting_is_given(
+    examples_bundle, tmp_path, monkeypatch, executor_min_bytes, driver,
+):
+    """A kernel whose stored selection says its calls ran faster on the task executor runs every
+    call there, small ones included, in any later process; where `PORTKERN_EXECUTOR_MIN_BYTES` is
+    given, the setting decides as for any kernel. The results are right either way."""
+    from portkern.cache.tuning import TuningDB
+    from portkern.jit import devices
+    from portkern.jit.native import compiler_id, selection_problem
+
+    store = Store(CacheConfig(tmp_path, 1 << 30, False))
+    loaded = portkern.load(examples_bundle, store=store)
+    record, target = loaded.record(SMALL), devices.resolve("cpu", store)
+    fields = {"config": "default", "strategy": "quick", "complete": True, "executor": True}
+    assert TuningDB(store, compiler_id(record)).put_selection(selection_problem(record, target), target.fingerprint, target.label, "examples", fields)
+    kernel = _kernel_with(examples_bundle, tmp_path, monkeypatch, SMALL, executor_min_bytes)
+    inputs = EXAMPLES[SMALL].inputs(np.random.default_rng(0))
+    assert [kernel.executable.driver_for(inputs) for _ in range(3)] == [driver] * 3
+    assert _check_calls(kernel, 2) == ""
+
+
 def test_a_forked_child_runs_every_call_on_the_calling_thread(examples_bundle, served_cache, monkeypatch):
     """A pre-fork server's workers share the cores: in a forked child even calls the parent
     runs on the task executor (`PORTKERN_EXECUTOR_MIN_BYTES=0`) run on the calling thread."""

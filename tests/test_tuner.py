@@ -111,6 +111,12 @@ def test_loader_tunes_then_reuses_the_selection(examples_bundle, store, rng, sha
     assert again.config == tuned.config
     assert again.origin == "cache"
     assert_example(again, rng, "gemm_transpose_add")
+    # its calls run where the tuning found them faster (the executor: said in the note), later loads too
+    inputs = EXAMPLES["gemm_transpose_add"].inputs(rng)
+    assert tuned.tuning.executor == ("task executor" in tuned.tuning.note)
+    assert tuned.executable.driver_for(inputs) == again.executable.driver_for(inputs)
+    if tuned.tuning.executor:
+        assert again.executable.driver_for(inputs) == "local-task"
     assert bundle.kernel("gemm_transpose_add", tune="default").config == "default"
     mlp = bundle.kernel("mlp", tune="quick")  # only small dispatches: left at the default, nothing searched
     assert mlp.config == "default"

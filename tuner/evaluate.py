@@ -22,7 +22,7 @@ from portkern.jit.target import Target
 from portkern.jit.workers import Job, Pool, Source
 from portkern.portable.bundle import Signature
 from portkern.tuner.kernel_config import DEFAULT
-from portkern.tuner.measure import ROUNDS, Bench, Timing, make_inputs, mismatch
+from portkern.tuner.measure import ROUND_RUNS, ROUNDS, Bench, Timing, make_inputs, mismatch
 from portkern.tuner.results import Evaluation
 
 
@@ -177,6 +177,18 @@ class Evaluator:
         usable = [c for c in dict.fromkeys(configs) if self.results[c].ok]
         timings = self.bench(driver).interleaved([self._executable(c, driver) for c in usable], rounds=rounds)
         return dict(zip(usable, timings))
+
+    def across(self, config: str, drivers: Sequence[str], rounds: int = ROUNDS) -> dict[str, Timing]:
+        """A config checked on each driver and re-timed on them round-robin (where its calls run best)."""
+        for driver in drivers:
+            self.evaluate([config], driver)
+        usable = [d for d in drivers if d in self.results[config].timings]
+        per_round: dict[str, list[float]] = {d: [] for d in usable}
+        for round_index in range(rounds):
+            for driver in usable if round_index % 2 == 0 else reversed(usable):
+                timing = self.bench(driver).time(self._executable(config, driver), warmup=1, runs=ROUND_RUNS)
+                per_round[driver].append(timing.median_s)
+        return {d: Timing.of(samples) for d, samples in per_round.items()}
 
     def release(self) -> None:
         """Drop loaded executables (their runtime contexts hold memory)."""

@@ -119,7 +119,8 @@ class KernelProfile:
 
 def stored_config(natives: NativeCode, record: KernelRecord, target: Target) -> str | None:
     """The config of the kernel's stored, usable selection on the target (None: none stored)."""
-    return TuningDB(natives.store, compiler_id(record)).chosen(selection_problem(record, target), target.fingerprint)
+    chosen = TuningDB(natives.store, compiler_id(record)).chosen(selection_problem(record, target), target.fingerprint)
+    return chosen[0] if chosen is not None else None
 
 
 def profile_kernel(

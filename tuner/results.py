@@ -95,6 +95,9 @@ class TuneResult:
     note: str = ""
     #: Every candidate evaluated in this run (not stored).
     evaluations: list[Evaluation] = field(default_factory=list)
+    #: Whether the kernel's calls run on the task executor whatever their size: they would run on
+    #: the calling thread by their size, and `config` was timed faster on the executor.
+    executor: bool = False
 
     @property
     def speedup(self) -> float | None:
@@ -122,7 +125,7 @@ class TuneResult:
                 continue
         return cls(
             kernel, device, str(stored.get("strategy", "")), str(stored["config"]), "selection", dispatches,
-            stored.get("default_s"), stored.get("best_s"),
+            stored.get("default_s"), stored.get("best_s"), executor=stored.get("executor") is True,
         )
 
     def to_dict(self, evaluations: bool = False) -> dict[str, Any]:
@@ -138,6 +141,7 @@ class TuneResult:
             "wall_s": self.wall_s,
             "note": self.note,
             "complete": self.complete,
+            "executor": self.executor,
             "dispatches": [d.to_dict() for d in self.dispatches],
         }
         data["failed_candidates"] = [

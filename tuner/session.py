@@ -50,6 +50,9 @@ from portkern.tuner.search import Budget, Progress, Search
 
 #: A winner must be this much faster than the default (relative), beyond timing noise.
 MIN_GAIN = 0.03
+#: A kernel whose calls run on the calling thread by their size runs them on the task executor
+#: when that was this much faster, timed side by side (the executor costs CPU time beside).
+EXECUTOR_GAIN = 0.10
 #: Best candidates per ranking driver that are re-timed side by side with the default.
 FINALISTS = 3
 #: Module-option variants (names in `jit.finalize.MODULE_OPTIONS`) a kernel is timed with whole
@@ -458,8 +461,26 @@ class _Run:
             )
         result.config = final
         result.default_s, result.best_s = timings[DEFAULT].min_s, timings[timed].min_s
+        result.executor = self._on_executor(timed, result)
         result.evaluations = [e for e in self.evaluator.results.values() if e.config != DEFAULT]
         return result
+
+    def _on_executor(self, config: str, result: TuneResult) -> bool:
+        """Whether the calls of the kernel at `config`, which run on the calling thread by their size,
+        run on the task executor: timed side by side, it was EXECUTOR_GAIN faster there (said in the
+        note). Not asked where `PORTKERN_EXECUTOR_MIN_BYTES` is given: the setting decides then."""
+        executor = self.target.driver
+        if self.driver == executor or executor not in OPTION_DRIVERS or settings.given(settings.EXECUTOR_MIN_BYTES).given:
+            return False
+        timings = self.evaluator.across(config, [self.driver, executor])
+        if self.driver not in timings or executor not in timings:
+            return False
+        here, there = timings[self.driver].min_s, timings[executor].min_s
+        if there >= here * (1 - EXECUTOR_GAIN):
+            return False
+        said = f"its calls run on the task executor: {there * 1e3:.3g} ms against {here * 1e3:.3g} ms on the calling thread"
+        result.note = f"{result.note}; {said}" if result.note else said
+        return True
 
 
 def options_problem(found: list[Dispatch], target: Target) -> str:

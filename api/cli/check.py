@@ -39,7 +39,7 @@ def run_check(args: argparse.Namespace) -> Report:
                          "detail": f"{record.kind} kernel: does not run on {target.label}"})
             continue
         try:
-            config, _ = bundle.config_for(record, target, None)  # the config `kernel()` would use
+            config, _, _ = bundle.config_for(record, target, None)  # the config `kernel()` would use
             plan = bundle.plan(record, target, config)
             native = bundle.available(plan)
         except PortkernError as exc:
