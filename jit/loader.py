@@ -268,8 +268,8 @@ class LoadedBundle:
         return kernel
 
     def _resolve(self, record: KernelRecord, target: Target, tune: str | None, baselines: bool) -> tuple:
-        """(plan, native code, tuning result) for a kernel: its config (tuned now if `tune` asks),
-        then the code; a stored config that does not build is set aside for the default."""
+        """(plan, native code, tuning result, calls on the executor) for a kernel: its config (tuned
+        now if `tune` asks), then the code; a stored config that does not build is set aside for the default."""
         config, tuning, executor = self.config_for(record, target, tune)
         try:
             plan = self.plan(record, target, config)  # a config with module options needs a source stage

@@ -6,8 +6,8 @@ Where a CPU call runs (`local-task` kernels; `call_driver`): on the calling thre
 is made), or its kernel's tuning found its calls faster there and the setting is not given:
 such a call runs on the process's task executor, spread over the cores. In a forked
 child (a pre-fork server's worker, whose siblings share the cores) every call runs on the
-calling thread. The rule reads sizes, the setting and whether the process was forked, nothing
-timed, so the same call always runs the same way. The runtime releases the GIL while a call runs, so threads calling kernels
+calling thread. The rule reads sizes, the setting, the kernel's stored tuning choice and
+whether the process was forked, nothing timed at call time, so the same call always runs the same way. The runtime releases the GIL while a call runs, so threads calling kernels
 whose native work outweighs their Python work keep several cores busy; calls that are mostly
 Python work do not speed up with threads, and processes scale them (docs/serving.md). On the
 CPU a call with NumPy arrays is one runtime call (`jit/vmcall.py`).

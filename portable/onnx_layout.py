@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterator
 
-from portkern.portable.onnx_model import constant_value
+from portkern.portable.onnx_model import constant_value, names_taken
 
 #: External-data entry of an initializer whose stored bytes (in its file) are the transpose
 #: of the (reversed) dims the model now states.
@@ -48,7 +48,7 @@ def transpose_matmul_weights(model: Any, threshold: int) -> list[str]:
     uses = _uses(graph)
     declared = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
     inner = {name for node in graph.node for sub in _subgraphs(node) for name in _names_used(sub)}
-    taken = _names_taken(graph)
+    taken = names_taken(graph)
     chosen, transposes = [], []
     for tensor in graph.initializer:
         count = math.prod(tensor.dims)
@@ -84,7 +84,7 @@ def bool_parameters_as_bytes(model: Any, threshold: int) -> list[str]:
 
     graph = model.graph
     inputs = {v.name for v in graph.input}
-    taken = _names_taken(graph)
+    taken = names_taken(graph)
     chosen: list[str] = []
     casts = []
     for tensor in graph.initializer:
@@ -181,12 +181,6 @@ def _names_used(graph: Any) -> Iterator[str]:
         yield from node.input
         for sub in _subgraphs(node):
             yield from _names_used(sub)
-
-
-def _names_taken(graph: Any) -> set[str]:
-    """Every value name the graph's nodes, initializers, inputs, outputs and value_info entries use."""
-    declared = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
-    return {name for node in graph.node for name in (*node.input, *node.output)} | declared | {t.name for t in graph.initializer}
 
 
 def _fresh(name: str, taken: set[str]) -> str:

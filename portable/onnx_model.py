@@ -32,6 +32,12 @@ def constant_value(node: Any) -> Any | None:
     return next((a.t for a in node.attribute if a.name == "value" and a.HasField("t")), None)
 
 
+def names_taken(graph: Any) -> set[str]:
+    """Every value name the graph's nodes, initializers, inputs, outputs and value_info entries use."""
+    declared = {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    return {name for node in graph.node for name in (*node.input, *node.output)} | declared | {t.name for t in graph.initializer}
+
+
 def kernel_name(text: str) -> str:
     """A kernel name (letters, digits, underscores) for a model name."""
     return "".join(c if c.isalnum() else "_" for c in text).strip("_") or "model"
@@ -185,7 +191,7 @@ def explicit_pool_pads(model: Any) -> bool:
     graph = model.graph
     lowest = _lowest()
     types: dict[str, int] | None = None
-    taken = {n for node in graph.node for n in (*node.input, *node.output)} | {t.name for t in graph.initializer}
+    taken = names_taken(graph)
     nodes: list[Any] = []
     changed = False
     for node in graph.node:
@@ -248,7 +254,7 @@ def gathers_as_slices(model: Any) -> int:
     if not candidates:
         return 0
     dims = _dims(model)
-    taken = {n for node in graph.node for n in (*node.input, *node.output)} | {t.name for t in graph.initializer} | inputs
+    taken = names_taken(graph)
     replaced: dict[int, list[Any]] = {}
     for at, node in candidates:
         shape = dims.get(node.input[0])
@@ -278,15 +284,9 @@ def gathers_as_slices(model: Any) -> int:
 
 def _dims(model: Any) -> dict[str, list[int | None]]:
     """Value name -> its dims (None where not a fixed size), from the model's declarations and shape inference."""
-    import onnx
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # noqa: BLE001 - inference is best effort; declared shapes still count
-        inferred = model
     dims: dict[str, list[int | None]] = {t.name: list(t.dims) for t in model.graph.initializer}
-    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        if value.type.HasField("tensor_type") and value.type.tensor_type.HasField("shape"):
+    for value in _tensor_values(model):
+        if value.type.tensor_type.HasField("shape"):
             dims[value.name] = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
     return dims
 
@@ -305,17 +305,21 @@ def _lowest() -> dict[int, float]:
 
 def _element_types(model: Any) -> dict[str, int]:
     """Value name -> ONNX element type, from the model's declarations and shape inference."""
+    types = {t.name: t.data_type for t in model.graph.initializer}
+    types.update((value.name, value.type.tensor_type.elem_type) for value in _tensor_values(model))
+    return types
+
+
+def _tensor_values(model: Any) -> list[Any]:
+    """The tensor-typed inputs, value_info entries and outputs of the main graph, as declared and
+    as shape inference completes them (inference is best effort: where it fails, as declared)."""
     import onnx
 
     try:
         inferred = onnx.shape_inference.infer_shapes(model)
     except Exception:  # noqa: BLE001 - inference is best effort; declared types still count
         inferred = model
-    types = {t.name: t.data_type for t in model.graph.initializer}
-    for value in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output):
-        if value.type.HasField("tensor_type"):
-            types[value.name] = value.type.tensor_type.elem_type
-    return types
+    return [v for v in (*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output) if v.type.HasField("tensor_type")]
 
 
 def _fresh(name: str, taken: set[str]) -> str:

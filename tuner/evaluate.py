@@ -11,6 +11,7 @@ is the kernel's `Candidates` (IREE modules here, OpenCL programs in
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from typing import Protocol, Sequence
@@ -22,7 +23,7 @@ from portkern.jit.target import Target
 from portkern.jit.workers import Job, Pool, Source
 from portkern.portable.bundle import Signature
 from portkern.tuner.kernel_config import DEFAULT
-from portkern.tuner.measure import ROUND_RUNS, ROUNDS, Bench, Timing, make_inputs, mismatch
+from portkern.tuner.measure import ROUND_RUNS, ROUNDS, Bench, Timing, make_inputs, mismatch, round_robin
 from portkern.tuner.results import Evaluation
 
 
@@ -183,12 +184,8 @@ class Evaluator:
         for driver in drivers:
             self.evaluate([config], driver)
         usable = [d for d in drivers if d in self.results[config].timings]
-        per_round: dict[str, list[float]] = {d: [] for d in usable}
-        for round_index in range(rounds):
-            for driver in usable if round_index % 2 == 0 else reversed(usable):
-                timing = self.bench(driver).time(self._executable(config, driver), warmup=1, runs=ROUND_RUNS)
-                per_round[driver].append(timing.median_s)
-        return {d: Timing.of(samples) for d, samples in per_round.items()}
+        timers = [functools.partial(self.bench(d).time, self._executable(config, d), warmup=1, runs=ROUND_RUNS) for d in usable]
+        return dict(zip(usable, round_robin(timers, rounds)))
 
     def release(self) -> None:
         """Drop loaded executables (their runtime contexts hold memory)."""

@@ -12,6 +12,7 @@ process hits all of them alike.
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -173,10 +174,16 @@ class Bench:
         Compare finalists on `min_s`, their best round: other load on the
         machine only ever adds time, and every finalist gets the same rounds.
         """
-        per_round: list[list[float]] = [[] for _ in executables]
-        order = list(range(len(executables)))
-        for round_index in range(rounds):
-            for i in order if round_index % 2 == 0 else reversed(order):
-                per_round[i].append(self.time(executables[i], warmup=1, runs=runs).median_s)
-        return [Timing.of(samples) for samples in per_round]
+        return round_robin([functools.partial(self.time, e, warmup=1, runs=runs) for e in executables], rounds)
+
+
+def round_robin(timers: Sequence[Callable[[], Timing]], rounds: int = ROUNDS) -> list[Timing]:
+    """Per timer (one side of a comparison), the timing over rounds of its per-round median: every
+    side timed once a round, in turn, the order reversed every other round."""
+    per_round: list[list[float]] = [[] for _ in timers]
+    order = list(range(len(timers)))
+    for round_index in range(rounds):
+        for i in order if round_index % 2 == 0 else reversed(order):
+            per_round[i].append(timers[i]().median_s)
+    return [Timing.of(samples) for samples in per_round]
 

@@ -479,7 +479,7 @@ class _Run:
         if there >= here * (1 - EXECUTOR_GAIN):
             return False
         said = f"its calls run on the task executor: {there * 1e3:.3g} ms against {here * 1e3:.3g} ms on the calling thread"
-        result.note = f"{result.note}; {said}" if result.note else said
+        result.note = "; ".join(n for n in (result.note, said) if n)
         return True
 
 
