@@ -52,7 +52,7 @@ import time
 from pathlib import Path
 
 from gemms import manifest_lines, write_gemms
-from whole_process import median_row, portkern_process, print_table, source_process
+from whole_process import GOAL_RATIO, at_goal, median_row, part_at, portkern_process, print_table, source_process
 
 from portkern.cli.main import main as portkern_main
 from portkern.jit import aarch64, devices
@@ -168,9 +168,11 @@ def whole_processes(root: Path, shapes: dict, repeat: int) -> dict:
         fresh.append(portkern_process(root / "held-out.pkb", [name], shapes, root / f"cache-whole-{i}"))
         source.append(source_process(root / f"{name}.mlir", name, shapes[name]))
     rows = {"portkern, fresh device": median_row(fresh), "IREE from source": median_row(source)}
-    own = statistics.median(r["import_s"] + r["load_s"] + r["kernel_s"] + r["call_s"] for r in fresh)
+    own, rest, allowed = part_at(GOAL_RATIO, fresh, rows["IREE from source"])
     figures = {
         "portkern_part_ms": own * 1e3,
+        "rest_of_process_ms": rest * 1e3,
+        "part_at_goal_ms": allowed * 1e3,
         "whole_over_source": rows["portkern, fresh device"]["whole_s"] / rows["IREE from source"]["whole_s"],
         "cpu_over_source": rows["portkern, fresh device"]["cpu_s"] / rows["IREE from source"]["cpu_s"],
     }
@@ -256,7 +258,8 @@ def report(rows: list[dict], costs: list[dict], args: argparse.Namespace, whole:
           f"{'x'.join(map(str, whole['shape']))} from source; whole fresh processes, median of {whole['processes']} each, alternating; ms")
     print_table(whole["rows"])
     print(f"portkern's part (import portkern + load + kernel() + first call): {figures['portkern_part_ms']:.1f} ms (goal <= 60); "
-          f"whole process / source process: {figures['whole_over_source']:.3f} wall (goal <= 0.25), {figures['cpu_over_source']:.3f} CPU")
+          f"whole process / source process: {figures['whole_over_source']:.3f} wall (goal <= {GOAL_RATIO}), {figures['cpu_over_source']:.3f} CPU")
+    print(at_goal(figures))
     if not whole["ok"]:
         print("FAILED: a result was wrong, or a fresh process was not served baseline code")
     if not rows:

@@ -42,7 +42,7 @@ import textwrap
 from pathlib import Path
 
 from gemms import manifest_lines, write_gemms
-from whole_process import median_row, portkern_process, print_table, source_process
+from whole_process import GOAL_RATIO, at_goal, median_row, part_at, portkern_process, print_table, source_process
 
 from portkern.examples import MANIFEST
 from portkern.portable.builder import build_file
@@ -193,6 +193,8 @@ def whole_processes(args: argparse.Namespace) -> int:
         "whole_over_source": rows["portkern, warm"]["whole_s"] / rows["IREE from source"]["whole_s"],
         "cpu_over_source": rows["portkern, warm"]["cpu_s"] / rows["IREE from source"]["cpu_s"],
     }
+    own, rest, allowed = part_at(GOAL_RATIO, warm, rows["IREE from source"])
+    figures.update(portkern_part_ms=own * 1e3, rest_of_process_ms=rest * 1e3, part_at_goal_ms=allowed * 1e3)
     ok = filled and all(row["ok"] for row in rows.values()) and rows["portkern, warm"]["origins"] == ["cache"]
     if args.json:
         json.dump({"kernels": {n: shapes[n] for n in names}, "processes": repeat, "rows": rows, "figures": figures, "ok": ok}, sys.stdout, indent=2)
@@ -203,7 +205,9 @@ def whole_processes(args: argparse.Namespace) -> int:
         print_table(rows)
         print(f"first kernel after import portkern (load + kernel() + first call): {figures['first_kernel_ms']:.1f} ms (goal <= 30); "
               f"each further kernel(): {figures['further_kernel_ms']:.2f} ms (goal <= 0.5)")
-        print(f"whole process / source process: {figures['whole_over_source']:.3f} wall, {figures['cpu_over_source']:.3f} CPU")
+        print(f"whole process / source process: {figures['whole_over_source']:.3f} wall (goal <= {GOAL_RATIO}), "
+              f"{figures['cpu_over_source']:.3f} CPU")
+        print(at_goal(figures))
         if not ok:
             print("FAILED: a result was wrong, or a warm process did not find its kernels cached")
     return 0 if ok else 1
