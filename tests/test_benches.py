@@ -69,8 +69,21 @@ def test_warm_start_bench_short():
     for row in rows.values():  # every part is a measured, non-negative time inside the whole
         assert all(row[f"{part}_s"] >= 0 for part in ("python", "numpy", "import", "load", "kernel", "call", "exit"))
         assert row["whole_s"] >= row["kernel_s"] + row["call_s"]
-    assert set(report["figures"]) == {"first_kernel_ms", "further_kernel_ms", "whole_over_source", "cpu_over_source"}
+    assert set(report["figures"]) == {"first_kernel_ms", "further_kernel_ms", "whole_over_source", "cpu_over_source", *PART_FIGURES}
+    check_part_at_goal(report["figures"], rows["IREE from source"])
     check_ratio(report["figures"]["whole_over_source"], "warm start from the cache", "warm process / source process (wall)")
+
+
+#: What both whole-process benches add: portkern's own part, the rest of its process, and what the
+#: own part could take for the whole process to be the goal's ratio of the source process.
+PART_FIGURES = {"portkern_part_ms", "rest_of_process_ms", "part_at_goal_ms"}
+
+
+def check_part_at_goal(figures: dict, source: dict) -> None:
+    """The own part and the rest are measured times, and the part at the goal is the goal's share of
+    the source process less the rest."""
+    assert 0 < figures["portkern_part_ms"] and 0 < figures["rest_of_process_ms"]
+    assert figures["part_at_goal_ms"] == pytest.approx(0.25 * source["whole_s"] * 1e3 - figures["rest_of_process_ms"], abs=1e-6)
 
 
 def test_finalize_bench_short():
@@ -94,5 +107,6 @@ def test_cold_start_bench_short():
     assert source["origins"] == ["source"] and source["ok"] is True
     assert fresh["processes"] == source["processes"] == whole["processes"] >= 3
     assert report["kernels"] == [] and report["prebuild"] == []  # short: whole processes only
-    assert set(whole["figures"]) == {"portkern_part_ms", "whole_over_source", "cpu_over_source"}
+    assert set(whole["figures"]) == {"whole_over_source", "cpu_over_source", *PART_FIGURES}
+    check_part_at_goal(whole["figures"], whole["rows"]["IREE from source"])
     check_ratio(whole["figures"]["whole_over_source"], "cold start from a prebuilt baseline", "fresh-device process / source process (wall)")
