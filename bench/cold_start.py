@@ -168,7 +168,7 @@ def whole_processes(root: Path, shapes: dict, repeat: int) -> dict:
         fresh.append(portkern_process(root / "held-out.pkb", [name], shapes, root / f"cache-whole-{i}"))
         source.append(source_process(root / f"{name}.mlir", name, shapes[name]))
     rows = {"portkern, fresh device": median_row(fresh), "IREE from source": median_row(source)}
-    own, rest, allowed = part_at(GOAL_RATIO, fresh, rows["IREE from source"])
+    own, rest, allowed = part_at(fresh, rows["IREE from source"])
     figures = {
         "portkern_part_ms": own * 1e3,
         "rest_of_process_ms": rest * 1e3,

@@ -167,16 +167,7 @@ def child(name: str, route: str, work: Path, rounds: int, runs: int, tune: str, 
     onnx_dir.mkdir()
     onnx_path, onnx_arrays = exported(export, model, inputs, "onnx-ts" if route == "onnx-ts" else "onnx-dynamo", onnx_dir)
 
-    def onnxruntime():
-        import onnxruntime as ort  # type: ignore[import-untyped]
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-        session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
-        feed = dict(zip((i.name for i in session.get_inputs()), onnx_arrays))
-        return lambda: session.run(None, feed)
-
-    attempt("onnxruntime", onnxruntime)
+    attempt("onnxruntime", lambda: onnxruntime_call(onnx_path, onnx_arrays))
 
     def direct():
         function = iree_direct(onnx_path, work, iree_extra)
@@ -258,18 +249,21 @@ def alone(side: str, work: Path, onnx: str, rounds: int, runs: int) -> dict:
         def call():
             return kernel(*arrays)
     else:
-        import onnxruntime as ort  # type: ignore[import-untyped]
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
-        session = ort.InferenceSession(str(work / onnx), options, providers=["CPUExecutionProvider"])
-        feed = dict(zip((i.name for i in session.get_inputs()), saved(work, "onnx_inputs")))
-
-        def call():
-            return session.run(None, feed)
+        call = onnxruntime_call(work / onnx, saved(work, "onnx_inputs"))
     error = largest_error(outputs(call()), expected)
     medians = [median_call(call, runs) for _ in range(rounds)]
     return {"ms": statistics.median(medians) * 1e3, "max_error": float("inf") if error is None else error, "config": config}
+
+
+def onnxruntime_call(onnx_path: Path, arrays: list):
+    """A call of the ONNX model on `arrays` through onnxruntime's CPU provider, THREADS intra-op threads."""
+    import onnxruntime as ort  # type: ignore[import-untyped]
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = THREADS, 1
+    session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+    feed = dict(zip((i.name for i in session.get_inputs()), arrays))
+    return lambda: session.run(None, feed)
 
 
 def largest_error(got: list, expected: list) -> float | None:

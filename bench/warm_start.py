@@ -193,7 +193,7 @@ def whole_processes(args: argparse.Namespace) -> int:
         "whole_over_source": rows["portkern, warm"]["whole_s"] / rows["IREE from source"]["whole_s"],
         "cpu_over_source": rows["portkern, warm"]["cpu_s"] / rows["IREE from source"]["cpu_s"],
     }
-    own, rest, allowed = part_at(GOAL_RATIO, warm, rows["IREE from source"])
+    own, rest, allowed = part_at(warm, rows["IREE from source"])
     figures.update(portkern_part_ms=own * 1e3, rest_of_process_ms=rest * 1e3, part_at_goal_ms=allowed * 1e3)
     ok = filled and all(row["ok"] for row in rows.values()) and rows["portkern, warm"]["origins"] == ["cache"]
     if args.json:

@@ -151,14 +151,19 @@ def median_row(reports: list[dict]) -> dict:
     return row
 
 
-def part_at(ratio: float, reports: list[dict], source: dict) -> tuple[float, float, float]:
-    """(portkern's own part, the rest of its process, medians in seconds over `reports`, and what
-    the own part (`import portkern`, `load`, `kernel()`, the first call) could take for the whole
-    process to be `ratio` of the source process (`source`: its `median_row`), the rest unchanged
-    (Python's start, NumPy, the inputs, the further kernels, the check, the exit))."""
-    own = statistics.median(r["import_s"] + r["load_s"] + r["kernel_s"] + r["call_s"] for r in reports)
-    rest = statistics.median(r["whole_s"] - (r["import_s"] + r["load_s"] + r["kernel_s"] + r["call_s"]) for r in reports)
-    return own, rest, ratio * source["whole_s"] - rest
+def own_part(report: dict) -> float:
+    """Portkern's own part of one process (seconds): `import portkern`, `load`, `kernel()`, the first call."""
+    return report["import_s"] + report["load_s"] + report["kernel_s"] + report["call_s"]
+
+
+def part_at(reports: list[dict], source: dict) -> tuple[float, float, float]:
+    """Medians in seconds over `reports`: portkern's own part (`own_part`), the rest of its process
+    (Python's start, NumPy, the inputs, the further kernels, the check, the exit), and what the own
+    part could take, the rest unchanged, for the whole process to be GOAL_RATIO of the source
+    process (`source`: its `median_row`)."""
+    own = statistics.median(own_part(r) for r in reports)
+    rest = statistics.median(r["whole_s"] - own_part(r) for r in reports)
+    return own, rest, GOAL_RATIO * source["whole_s"] - rest
 
 
 def at_goal(figures: dict) -> str:
