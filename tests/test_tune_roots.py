@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import attention_mlir, build_mlir, expected_skip
+from helpers import assert_matches, attention_mlir, build_mlir, expected_skip
 
 import portkern
 
@@ -104,3 +104,37 @@ def test_attention_space_keeps_what_compiles_and_prunes_what_does_not(spec, tmp_
     assert space.prune_reason(pruned).startswith("P6")
     with pytest.raises(FinalizeError, match="large vector sizes"):
         loaded.native(record, target, f"0={pruned}")
+
+
+@pytest.mark.parametrize("spec", sorted(ISA))
+def test_data_tiled_matmul_space_varies_distributions_that_compile(spec, examples_bundle, store, rng):
+    """P7: a data-tiled matmul (`linalg.mmt4d`) keeps its encoding's vector tiles and varies its
+    distribution in output elements; `quick`'s distributions compile and match NumPy within the
+    example's tolerance (cross-compiled for a level this host cannot run: results then not compared)."""
+    from portkern.examples.reference import EXAMPLES
+    from portkern.jit.runtime import Executable
+    from portkern.tuner import registry
+    from portkern.tuner.cpu_space import MMT4D_TILE_POINTS
+    from portkern.tuner.registry import space_for
+
+    loaded = portkern.load(examples_bundle, store=store)
+    record, target = loaded.record("gemm_bias_relu"), target_or_skip(spec, store, run=False)
+    analysed = loaded.natives.analyse(loaded.plan(record, target, "data-tiling"))
+    (dispatch,) = [d for d in map(registry.dispatch_from_data, analysed.dispatches) if d.root == "linalg.mmt4d"]
+    m1, n1, k1, m0, n0, k0 = dispatch.sizes
+    assert (m1 * m0, n1 * n0, k1 * k0) == (256, 384, 512)  # the example's 256x384x512 GEMM, packed
+    space = space_for(dispatch, threads=2)
+    assert space.mmt4d and space.stage_candidates(0, []) == []  # the encoding's vector tiles stay
+    quick = space.quick_candidates(1, [space.default])
+    assert quick and all(space.prune_reason(c) is None for c in quick)
+    for config in quick:
+        assert config.vector_parallel == space.default.vector_parallel
+        m, n = config.distribution[0] * m0, config.distribution[1] * n0
+        assert MMT4D_TILE_POINTS[0] <= m * n <= MMT4D_TILE_POINTS[1], str(config)
+    example = EXAMPLES["gemm_bias_relu"]
+    inputs = example.inputs(rng)
+    for config in quick[:2]:
+        code = loaded.native(record, target, f"data-tiling;{dispatch.index}={config}").data
+        if target.runnable:
+            outputs = Executable(code, record.entry, target.driver)(*inputs)
+            assert_matches(tuple(outputs), example.reference(*inputs), example.rtol, example.atol)

@@ -198,3 +198,37 @@ def test_root_problem_is_the_root_ops_part_of_the_problem_key(configured):
     root = dispatch_module.root_problem(gemm.problem)
     assert root.startswith("*linalg.matmul") and " ; " not in root and root in gemm.problem
     assert "tensor<256x512xf32>" in root and root != gemm.problem  # the fill and epilogue are left out
+
+
+REPEATED = """
+func.func @repeated(%a: tensor<256x512xf32>, %b: tensor<512x512xf32>, %x: tensor<128x128xf32>, %y: tensor<128x128xf32>,
+                    %w: tensor<128x256xf32>) -> (tensor<256x512xf32>, tensor<128x256xf32>, tensor<128x256xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %e0 = tensor.empty() : tensor<256x512xf32>
+  %f0 = linalg.fill ins(%zero : f32) outs(%e0 : tensor<256x512xf32>) -> tensor<256x512xf32>
+  %big = linalg.matmul ins(%a, %b : tensor<256x512xf32>, tensor<512x512xf32>) outs(%f0 : tensor<256x512xf32>) -> tensor<256x512xf32>
+  %e1 = tensor.empty() : tensor<128x256xf32>
+  %f1 = linalg.fill ins(%zero : f32) outs(%e1 : tensor<128x256xf32>) -> tensor<128x256xf32>
+  %p = linalg.matmul ins(%x, %w : tensor<128x128xf32>, tensor<128x256xf32>) outs(%f1 : tensor<128x256xf32>) -> tensor<128x256xf32>
+  %q = linalg.matmul ins(%y, %w : tensor<128x128xf32>, tensor<128x256xf32>) outs(%f1 : tensor<128x256xf32>) -> tensor<128x256xf32>
+  return %big, %p, %q : tensor<256x512xf32>, tensor<128x256xf32>, tensor<128x256xf32>
+}
+"""
+
+
+def test_a_dispatch_called_from_several_places_counts_each_in_its_share(tmp_path):
+    """A dispatch the module calls from two places (two matmuls of one shape) has `sites` 2 and twice
+    the work: 6 % of the kernel's points counted once, 11 % counted twice, so `quick` tunes it."""
+    from helpers import build_mlir
+
+    from portkern.tuner import strategies
+
+    store = Store(CacheConfig(tmp_path / "cache", 1 << 30, False))
+    loaded = portkern.load(build_mlir(tmp_path, "repeated", repeated=REPEATED), store=store)
+    found = dispatch_module.dispatches(finalize.configure(loaded.bundle, loaded.record("repeated"), devices.resolve("cpu:x86-64-v3", store)))
+    matmuls = {d.sizes: d for d in found if d.root == "linalg.matmul"}
+    big, small = matmuls[(256, 512, 512)], matmuls[(128, 256, 128)]
+    assert (big.sites, small.sites) == (1, 2)
+    assert small.work == 2 * math.prod(small.sizes)
+    assert math.prod(small.sizes) / (math.prod(small.sizes) + big.work) < strategies.SIGNIFICANT_SHARE
+    assert {d.sizes for d in strategies.significant(found)} == {big.sizes, small.sizes}

@@ -137,6 +137,7 @@ def _native_vector_bytes(target: str) -> int:
 def dispatches(module) -> list[Dispatch]:
     """The dispatches of a module at `executable-configurations`, in module order."""
     found = []
+    sites = dispatch_sites(module)
     for index, (function, target) in enumerate(_functions(module)):
         ops = _configured_ops(function)
         texts = [str(op.attributes["lowering_config"]) for op in ops]
@@ -149,7 +150,7 @@ def dispatches(module) -> list[Dispatch]:
         unanalysed = Dispatch(
             index=index, name=_symbol(function), family=family.name if family else "", root="", sizes=(), parallel=(),
             element_bytes=4, default=None, problem=problem, native_vector_bytes=_native_vector_bytes(target),
-            gpu_target=gpu_target.target_info(target),
+            gpu_target=gpu_target.target_info(target), sites=sites.get(_symbol(function), 0),
         )
         if family is None:
             found.append(replace(unanalysed, reason="no lowering config of a family the tuner knows"))
@@ -170,6 +171,16 @@ def dispatches(module) -> list[Dispatch]:
             replace(unanalysed, root=root.name, sizes=sizes, parallel=parallel, element_bytes=element_bytes, default=default, dynamic=0 in sizes)
         )
     return found
+
+
+def dispatch_sites(module) -> dict[str, int]:
+    """Per dispatch function (export) name, the `stream.cmd.dispatch` ops that name it."""
+    sites: dict[str, int] = {}
+    for op in operations(module):
+        if op.name == "stream.cmd.dispatch" and "entry_points" in op.attributes:
+            for export in set(re.findall(r"::@([\w$.\-]+)(?=[\],\s]|$)", str(op.attributes["entry_points"]))):
+                sites[export] = sites.get(export, 0) + 1
+    return sites
 
 
 def root_problem(problem: str) -> str:

@@ -25,6 +25,13 @@ f32) keep out candidates that cannot compile or cannot be better:
   faster than the default 8x16; keys tiles of 8-16 beat 1-4. Where the
   default leaves the rows at 1 (AVX2, 16 vector registers), P5 keeps them at
   1 and `quick` varies the keys tiles with the lane loop whole.
+- P7: a data-tiled matmul (`linalg.mmt4d`, `linalg.batch_mmt4d`) loops over
+  outer tiles (M1, N1, K1) whose inner sizes (M0, N0, K0) the operands'
+  encoding fixes. Its vector tiles are the encoding's and stay (an inner tile
+  of 4 in an 8x8 encoding fails to compile); its distribution tiles count
+  outer tiles, so points, aspect and the cost model take them times the inner
+  sizes, over a smaller range of output elements than other roots' (IREE's
+  larger defaults ran slower: docs/tuning.md).
 
 The lane loop is the innermost parallel loop whose default vector tile is a
 multiple of the lanes, else (reductions such as row sums) such a reduction
@@ -62,6 +69,12 @@ QUICK_REDUCTION = (1, 4)
 QUICK_DISTRIBUTIONS = 4
 #: IREE's attention ops (P6).
 ATTENTION_ROOTS = ("iree_linalg_ext.online_attention", "iree_linalg_ext.attention")
+#: Data-tiled matmuls (P7): their loop count and the positions of their outer and inner (M, N) loops.
+MMT4D_LOOPS = {"linalg.mmt4d": (6, (0, 1), (3, 4)), "linalg.batch_mmt4d": (7, (1, 2), (4, 5))}
+#: Their distribution tiles cover between 2^8 and 2^11 output elements (P7).
+MMT4D_TILE_POINTS = (1 << 8, 1 << 11)
+#: Known-good output tiles (M, N elements) of their distributions for `quick` (P7).
+MMT4D_QUICK_TILES = ((16, 24), (16, 48), (32, 48), (32, 24))
 #: Known-good attention tiles for `quick`: rows and keys tiles, with the lane loop whole (P6).
 ATTENTION_QUICK_ROWS = (8, 4, 16)
 ATTENTION_QUICK_KEYS = (8, 16)
@@ -111,6 +124,30 @@ class CpuSpace:
         return self.dispatch.root in ATTENTION_ROOTS and self.lane is not None
 
     @functools.cached_property
+    def mmt4d(self) -> bool:
+        """A data-tiled matmul root (P7)."""
+        loops = MMT4D_LOOPS.get(self.dispatch.root)
+        return loops is not None and len(self.dispatch.sizes) == loops[0]
+
+    def _extents(self, distribution: Sequence[int]) -> list[int]:
+        """The nonzero distribution tiles in output elements: a data-tiled matmul's outer M and N
+        tiles times the encoding's inner sizes (P7), other tiles as they are."""
+        tiles = list(distribution)
+        if self.mmt4d:
+            _, outer, inner = MMT4D_LOOPS[self.dispatch.root]
+            for o, i in zip(outer, inner):
+                tiles[o] *= self.dispatch.sizes[i]
+        return [t for t in tiles if t]
+
+    def _sides(self, distribution: Sequence[int]) -> list[int]:
+        """The extents whose aspect ratio is bounded and whose operands are re-read: a data-tiled
+        matmul's M and N in elements (P7), else every nonzero tile."""
+        if self.mmt4d:
+            _, outer, inner = MMT4D_LOOPS[self.dispatch.root]
+            return [distribution[o] * self.dispatch.sizes[i] for o, i in zip(outer, inner)]
+        return [t for t in distribution if t]
+
+    @functools.cached_property
     def lane(self) -> int | None:
         """The loop vectorised across lanes (see the module docstring), None when no loop is vectorised."""
         d, default = self.dispatch, self.default
@@ -132,6 +169,8 @@ class CpuSpace:
         current = default.vector_parallel[dim] if d.parallel[dim] else default.vector_reduction[dim]
         if not current:
             return [0]
+        if self.mmt4d:
+            return [current]  # P7
         if current == 1 and dim != self.lane:
             return [1]  # P5
         if dim == self.lane:
@@ -158,7 +197,7 @@ class CpuSpace:
         vector = self._vector_elements(config) * d.element_bytes
         if vector >= limit:
             return f"{'P6' if self.attention else 'P1'}: vector of {vector} bytes >= {limit}"
-        if self.contraction:
+        if self.contraction and not self.mmt4d:  # P7: a data-tiled matmul's register tile is its encoding's
             lane = self._lane_dims()
             vectors = [config.vector_parallel[i] for i, p in enumerate(d.parallel) if p and config.vector_parallel[i]]
             if any(config.vector_parallel[i] % self.lanes for i in lane if config.vector_parallel[i] < d.sizes[i]):
@@ -234,13 +273,14 @@ class CpuSpace:
                 continue
             step = base.vector_parallel[i] or 1
             choices.append([t for t in range(step, size + 1, step) if size % t == 0])
+        least, most = MMT4D_TILE_POINTS if self.mmt4d else (MIN_TILE_POINTS, MAX_TILE_POINTS)
         configs = []
         for tiles in _product(choices):
-            points = math.prod(t for t in tiles if t)
-            nonzero = [t for t in tiles if t]
-            if not MIN_TILE_POINTS <= points <= MAX_TILE_POINTS and tuple(tiles) != self.default.distribution:
+            points = math.prod(self._extents(tiles))
+            sides = self._sides(tiles)
+            if not least <= points <= most and tuple(tiles) != self.default.distribution:
                 continue
-            if len(nonzero) > 1 and max(nonzero) > MAX_ASPECT * min(nonzero):
+            if len(sides) > 1 and max(sides) > MAX_ASPECT * min(sides):
                 continue
             configs.append(CpuConfig(tuple(tiles), base.vector_parallel, base.vector_reduction))
         return self._valid(configs)
@@ -254,7 +294,8 @@ class CpuSpace:
     def quick_candidates(self, stage: int, bases: Sequence[CpuConfig]) -> list[CpuConfig]:
         """A short list of known-good candidates of a stage."""
         if stage == 1:
-            return _unique(c for base in bases for c in sorted(self.distributions(base), key=self.score)[:QUICK_DISTRIBUTIONS])
+            rank = self._mmt4d_quick_rank if self.mmt4d else self.score
+            return _unique(c for base in bases for c in sorted(self.distributions(base), key=rank)[:QUICK_DISTRIBUTIONS])
         every = self.stage_candidates(0, ())
         lane = self.lane
         if self.attention and lane is not None:  # attention has a lane loop
@@ -268,6 +309,13 @@ class CpuSpace:
             for k in QUICK_REDUCTION:
                 wanted += [c for c in every if self._shape(c, lane) == (rows, vectors * self.lanes, k)]
         return _unique(wanted)
+
+    def _mmt4d_quick_rank(self, config: CpuConfig) -> tuple[float, float]:
+        """How far a data-tiled matmul's output tile is from the nearest of MMT4D_QUICK_TILES (in
+        powers of two), then its score."""
+        sides = self._sides(config.distribution)
+        near = min(sum(abs(math.log2(side / good)) for side, good in zip(sides, tile)) for tile in MMT4D_QUICK_TILES)
+        return (near, self.score(config))
 
     def _attention_quick_rows(self) -> tuple[int, ...]:
         """Rows tiles of `quick` attention candidates: ATTENTION_QUICK_ROWS, or 1 where the default
@@ -333,7 +381,7 @@ class CpuSpace:
         d = self.dispatch
         groups = self.workgroups(config)
         balance = groups / (math.ceil(groups / self.threads) * self.threads)
-        tiles = [t for t in config.distribution if t]
+        tiles = self._sides(config.distribution)
         reuse = 1 + REREAD_WEIGHT * sum(1 / t for t in tiles)
         reduction = math.prod(s for s, p in zip(d.sizes, d.parallel) if not p)
         footprint = (sum(tiles) * reduction + math.prod(tiles)) * d.element_bytes

@@ -44,6 +44,8 @@ class Dispatch:
     requested: bool = False
     #: For a space that is a list of built points (OpenCL): every point's perf-config string, the default first.
     points: tuple[str, ...] = ()
+    #: The places the module dispatches it (`stream.cmd.dispatch` ops; 0 where not counted).
+    sites: int = 0
 
     @property
     def tunable(self) -> bool:
@@ -51,8 +53,9 @@ class Dispatch:
 
     @property
     def work(self) -> int:
-        """Points in the root op's iteration space (a size measure for ranking dispatches)."""
-        return math.prod(self.sizes) if self.sizes else 0
+        """Points in the root op's iteration space times the places the module dispatches it
+        (a size measure for ranking dispatches)."""
+        return math.prod(self.sizes) * max(1, self.sites) if self.sizes else 0
 
     @property
     def label(self) -> str:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
 import shutil
 from dataclasses import dataclass, field
 from functools import partial
@@ -295,13 +294,12 @@ def benchmarked_dispatches(module) -> list[dict]:
     from portkern.tuner import analysis
 
     found = analysis.dispatches(module)
-    sites = _dispatch_sites(module)
     functions: dict[str, list[str]] = {}
     for dumped in _dumped(module, None):
         for export, names in _benchmark_functions(dumped).items():
             functions.setdefault(export, []).extend(names)
     return [
-        {"index": d.index, "name": d.name, "root": d.root, "calls": sites.get(d.name, 0), "benchmarks": functions.get(d.name, [])}
+        {"index": d.index, "name": d.name, "root": d.root, "calls": d.sites, "benchmarks": functions.get(d.name, [])}
         for d in found
     ]
 
@@ -321,18 +319,6 @@ def benchmark_module(module, job: str, context):
         if name in _benchmark_functions(dumped):
             return dumped
     raise TuningError(f"dispatch {index_text} ({name}) has no benchmark: IREE makes none for dynamic sizes or operands")
-
-
-def _dispatch_sites(module) -> dict[str, int]:
-    """Per dispatch function (export) name, the `stream.cmd.dispatch` ops that name it."""
-    from portkern.portable.compiler import operations
-
-    sites: dict[str, int] = {}
-    for op in operations(module):
-        if op.name == "stream.cmd.dispatch" and "entry_points" in op.attributes:
-            for export in set(re.findall(r"::@([\w$.\-]+)(?=[\],\s]|$)", str(op.attributes["entry_points"]))):
-                sites[export] = sites.get(export, 0) + 1
-    return sites
 
 
 def _dumped(module, context) -> list:
