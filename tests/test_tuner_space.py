@@ -232,3 +232,41 @@ def test_a_dispatch_called_from_several_places_counts_each_in_its_share(tmp_path
     assert small.work == 2 * math.prod(small.sizes)
     assert math.prod(small.sizes) / (math.prod(small.sizes) + big.work) < strategies.SIGNIFICANT_SHARE
     assert {d.sizes for d in strategies.significant(found)} == {big.sizes, small.sizes}
+
+
+MATMUL_AND_EXP = """
+func.func @matmul_and_exp(%x: tensor<128x256xf32>, %w: tensor<256x128xf32>, %z: tensor<512x512xf32>)
+    -> (tensor<128x128xf32>, tensor<512x512xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %e0 = tensor.empty() : tensor<128x128xf32>
+  %f0 = linalg.fill ins(%zero : f32) outs(%e0 : tensor<128x128xf32>) -> tensor<128x128xf32>
+  %mm = linalg.matmul ins(%x, %w : tensor<128x256xf32>, tensor<256x128xf32>) outs(%f0 : tensor<128x128xf32>) -> tensor<128x128xf32>
+  %e1 = tensor.empty() : tensor<512x512xf32>
+  %exp = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i, j)>],
+                         iterator_types = ["parallel", "parallel"]} ins(%z : tensor<512x512xf32>) outs(%e1 : tensor<512x512xf32>) {
+  ^bb0(%a: f32, %unused: f32):
+    %r = math.exp %a : f32
+    linalg.yield %r : f32
+  } -> tensor<512x512xf32>
+  return %mm, %exp : tensor<128x128xf32>, tensor<512x512xf32>
+}
+"""
+
+
+def test_a_memory_bound_dispatch_weighs_more_per_point_than_a_contraction(tmp_path):
+    """A root without reduction loops counts MEMORY_POINT_WEIGHT per point: a 512x512 elementwise
+    op beside a 128x256x128 matmul is 6 % of their points but a significant share of their work."""
+    from helpers import build_mlir
+
+    from portkern.tuner import strategies
+    from portkern.tuner.dispatch import MEMORY_POINT_WEIGHT
+
+    store = Store(CacheConfig(tmp_path / "cache", 1 << 30, False))
+    loaded = portkern.load(build_mlir(tmp_path, "mixed", matmul_and_exp=MATMUL_AND_EXP), store=store)
+    found = dispatch_module.dispatches(finalize.configure(loaded.bundle, loaded.record("matmul_and_exp"), devices.resolve("cpu:x86-64-v3", store)))
+    by_sizes = {d.sizes: d for d in found}
+    matmul, exp = by_sizes[(128, 128, 256)], by_sizes[(512 * 512,)]  # IREE collapses the elementwise loops
+    assert all(exp.parallel) and not all(matmul.parallel)
+    assert exp.work == MEMORY_POINT_WEIGHT * 512 * 512 and matmul.work == 128 * 128 * 256
+    assert 512 * 512 / (512 * 512 + matmul.work) < strategies.SIGNIFICANT_SHARE
+    assert {d.sizes for d in strategies.significant(found)} == {matmul.sizes, exp.sizes}
