@@ -8,11 +8,6 @@ from dataclasses import dataclass, field
 from portkern.base.records import to_plain, wire
 from portkern.tuner.perfconfig import PerfConfig
 
-#: What one point of a root op without reduction loops (a copy, a gather, an elementwise op)
-#: weighs in `Dispatch.work` against one of a contraction: it moves an element through memory
-#: where the other is a multiply-add in registers (docs/tuning.md, "Strategies").
-MEMORY_POINT_WEIGHT = 48
-
 
 @dataclass(frozen=True)
 class Dispatch:
@@ -58,13 +53,9 @@ class Dispatch:
 
     @property
     def work(self) -> int:
-        """A measure of the dispatch's time for ranking dispatches: the points of its root op's
-        iteration space, MEMORY_POINT_WEIGHT each for a root without reduction loops, times the
-        places the module dispatches it."""
-        if not self.sizes:
-            return 0
-        weight = MEMORY_POINT_WEIGHT if all(self.parallel) else 1
-        return math.prod(self.sizes) * weight * max(1, self.sites)
+        """Points in the root op's iteration space times the places the module dispatches it
+        (a size measure for ranking dispatches)."""
+        return math.prod(self.sizes) * max(1, self.sites) if self.sizes else 0
 
     @property
     def label(self) -> str:
