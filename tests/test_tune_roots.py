@@ -115,7 +115,6 @@ def test_data_tiled_matmul_space_varies_distributions_that_compile(spec, example
     from portkern.jit.runtime import Executable
     from portkern.tuner import registry
     from portkern.tuner.cpu_space import MMT4D_TILE_POINTS
-    from portkern.tuner.registry import space_for
 
     loaded = portkern.load(examples_bundle, store=store)
     record, target = loaded.record("gemm_bias_relu"), target_or_skip(spec, store, run=False)
@@ -123,7 +122,7 @@ def test_data_tiled_matmul_space_varies_distributions_that_compile(spec, example
     (dispatch,) = [d for d in map(registry.dispatch_from_data, analysed.dispatches) if d.root == "linalg.mmt4d"]
     m1, n1, k1, m0, n0, k0 = dispatch.sizes
     assert (m1 * m0, n1 * n0, k1 * k0) == (256, 384, 512)  # the example's 256x384x512 GEMM, packed
-    space = space_for(dispatch, threads=2)
+    space = registry.space_for(dispatch, threads=2)
     assert space.mmt4d and space.stage_candidates(0, []) == []  # the encoding's vector tiles stay
     quick = space.quick_candidates(1, [space.default])
     assert quick and all(space.prune_reason(c) is None for c in quick)

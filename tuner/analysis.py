@@ -147,10 +147,11 @@ def dispatches(module) -> list[Dispatch]:
         problem = f"dispatch/v{PROBLEM_VERSION} " + _OPS.join(
             (_ROOT if flag else "") + _describe(op) for op, flag in zip(ops, is_root)
         )
+        name = _symbol(function)
         unanalysed = Dispatch(
-            index=index, name=_symbol(function), family=family.name if family else "", root="", sizes=(), parallel=(),
+            index=index, name=name, family=family.name if family else "", root="", sizes=(), parallel=(),
             element_bytes=4, default=None, problem=problem, native_vector_bytes=_native_vector_bytes(target),
-            gpu_target=gpu_target.target_info(target), sites=sites.get(_symbol(function), 0),
+            gpu_target=gpu_target.target_info(target), sites=sites.get(name, 0),
         )
         if family is None:
             found.append(replace(unanalysed, reason="no lowering config of a family the tuner knows"))

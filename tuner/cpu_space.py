@@ -129,22 +129,26 @@ class CpuSpace:
         loops = MMT4D_LOOPS.get(self.dispatch.root)
         return loops is not None and len(self.dispatch.sizes) == loops[0]
 
-    def _extents(self, distribution: Sequence[int]) -> list[int]:
-        """The nonzero distribution tiles in output elements: a data-tiled matmul's outer M and N
-        tiles times the encoding's inner sizes (P7), other tiles as they are."""
+    def _in_elements(self, distribution: Sequence[int]) -> list[int]:
+        """The distribution with a data-tiled matmul's outer M and N tiles times the encoding's
+        inner sizes, so counted in output elements (P7); other distributions as they are."""
         tiles = list(distribution)
         if self.mmt4d:
             _, outer, inner = MMT4D_LOOPS[self.dispatch.root]
             for o, i in zip(outer, inner):
                 tiles[o] *= self.dispatch.sizes[i]
-        return [t for t in tiles if t]
+        return tiles
+
+    def _extents(self, distribution: Sequence[int]) -> list[int]:
+        """The nonzero distribution tiles in output elements."""
+        return [t for t in self._in_elements(distribution) if t]
 
     def _sides(self, distribution: Sequence[int]) -> list[int]:
         """The extents whose aspect ratio is bounded and whose operands are re-read: a data-tiled
         matmul's M and N in elements (P7), else every nonzero tile."""
         if self.mmt4d:
-            _, outer, inner = MMT4D_LOOPS[self.dispatch.root]
-            return [distribution[o] * self.dispatch.sizes[i] for o, i in zip(outer, inner)]
+            tiles = self._in_elements(distribution)
+            return [tiles[o] for o in MMT4D_LOOPS[self.dispatch.root][1]]
         return [t for t in distribution if t]
 
     @functools.cached_property
