@@ -17,17 +17,18 @@ from __future__ import annotations
 import hashlib
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
 import msgpack
 
+from portkern.base.records import frozen_record
+
 HEADER = struct.Struct(">8sHHQ32s")
 HEADER_SIZE = HEADER.size
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Format:
     """One file format: its magic, version, limits and the errors it raises."""
 

@@ -10,20 +10,102 @@ from `data` takes its default, unknown keys are ignored, and values are not chec
 
 A field may say how it is written with `field(metadata=wire(...))`: another key (`name`), when it is
 left out (`omit`), and how its value is written or read (`encode`, `decode`).
+
+`@frozen_record` declares an immutable record: `dataclasses.dataclass(frozen=True)`, whose `__repr__`,
+`__eq__` and `__hash__` are the same field-wise methods for every record instead of source that
+dataclasses generates and compiles for each class (every process defines the records it imports).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import types
 import typing
 from collections.abc import Mapping, Sequence, Sized
-from typing import Any, Callable, TypeVar, Union
+from typing import TYPE_CHECKING, Any, Callable, TypeVar, Union, overload
+
+if TYPE_CHECKING:  # (type checkers read typing_extensions' for every Python release)
+    from typing_extensions import dataclass_transform
+else:  # (typing has it from Python 3.11; it only marks the function for type checkers)
+    dataclass_transform = getattr(typing, "dataclass_transform", lambda **_: lambda function: function)
 
 #: The dataclass field metadata key `wire` fills.
 WIRE = "portkern.records"
 
 R = TypeVar("R")
+
+
+@overload
+@dataclass_transform(frozen_default=True, field_specifiers=(dataclasses.field, dataclasses.Field))
+def frozen_record(cls: type[R], /) -> type[R]: ...
+@overload
+def frozen_record(*, kw_only: bool = ..., slots: bool = ..., order: bool = ..., unsafe_hash: bool = ...) -> Callable[[type[R]], type[R]]: ...
+def frozen_record(cls: type[R] | None = None, /, **options: Any) -> Any:
+    """`dataclasses.dataclass(cls, frozen=True, **options)`, with `__repr__`, `__eq__` and `__hash__`
+    that behave as dataclasses' own (the class name and the `repr` fields; equal when of the same class
+    with equal `compare` fields; the hash of the hashed fields), shared by every record. A method the
+    class defines itself is kept; `order` or `unsafe_hash` among `options` leaves all three to dataclasses."""
+
+    def make(c: type[R]) -> type[R]:
+        if options.get("order") or options.get("unsafe_hash"):
+            return dataclasses.dataclass(c, frozen=True, **options)
+        rest = dict(options)
+        shown, compared = rest.pop("repr", True), rest.pop("eq", True)
+        own = c.__dict__
+        explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
+        keep = {name for name in ("__repr__", "__eq__") if name in own}
+        made = dataclasses.dataclass(c, frozen=True, repr=False, eq=False, **rest)
+        if shown and "__repr__" not in keep:
+            made.__repr__ = _record_repr  # type: ignore[method-assign]
+        if compared:
+            if "__eq__" not in keep:
+                made.__eq__ = _record_eq  # type: ignore[method-assign]
+            if not explicit_hash:
+                made.__hash__ = _record_hash  # type: ignore[method-assign]
+        return made
+
+    return make if cls is None else make(cls)
+
+
+#: The values of some of an object's attributes, as a tuple.
+_Values = Callable[[Any], tuple[Any, ...]]
+#: Per record class: (its compared fields' values, its hashed fields' values, its repr fields' names).
+_METHOD_PARTS: dict[type, tuple[_Values, _Values, tuple[str, ...]]] = {}
+
+
+def _parts(cls: type) -> tuple[_Values, _Values, tuple[str, ...]]:
+    found = _METHOD_PARTS.get(cls)
+    if found is None:
+        fields = dataclasses.fields(cls)
+        compared = [f.name for f in fields if f.compare]
+        hashed = [f.name for f in fields if (f.compare if f.hash is None else f.hash)]
+        found = _METHOD_PARTS[cls] = (_values(compared), _values(hashed), tuple(f.name for f in fields if f.repr))
+    return found
+
+
+def _values(names: list[str]) -> _Values:
+    """The named attributes of an object, as a tuple."""
+    if not names:
+        return lambda obj: ()
+    get = operator.attrgetter(*names)
+    return get if len(names) > 1 else lambda obj: (get(obj),)
+
+
+def _record_repr(self: Any) -> str:
+    shown = _parts(self.__class__)[2]
+    return f"{self.__class__.__qualname__}({', '.join(f'{name}={getattr(self, name)!r}' for name in shown)})"
+
+
+def _record_eq(self: Any, other: Any) -> Any:
+    if other.__class__ is self.__class__:
+        compared = _parts(self.__class__)[0]
+        return compared(self) == compared(other)
+    return NotImplemented
+
+
+def _record_hash(self: Any) -> int:
+    return hash(_parts(self.__class__)[1](self))
 
 
 def wire(

@@ -46,7 +46,6 @@ import os
 import re
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -55,6 +54,7 @@ from typing import Any, Protocol
 from portkern.base import settings
 from portkern.base.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError, brief
 from portkern.base.framing import read_bounded
+from portkern.base.records import frozen_record
 
 #: Suffix of a detached signature file.
 SIGNATURE_SUFFIX = ".sig"
@@ -71,7 +71,7 @@ PUBLISHER, READER = "publisher", "reader"
 _PEM_BLOCK = re.compile(rb"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", re.S)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class TrustedKey:
     """One public key this machine trusts."""
 
@@ -86,7 +86,7 @@ class TrustedKey:
         return f"sha256:{self.fingerprint[:16]}"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Verdict:
     """Whether a value is signed, and by which trusted key if its signature verifies."""
 
@@ -113,7 +113,7 @@ class Verdict:
         return self.reason or "not signed"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Verified:
     """What one passed signature check covers: a memo's record of it."""
 
@@ -141,7 +141,7 @@ class Memo(Protocol):
         ...
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Policy:
     """What this machine trusts, requires and signs with (`from_env()` reads it)."""
 

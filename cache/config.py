@@ -16,10 +16,10 @@ failed `load`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 from portkern.base import settings
+from portkern.base.records import frozen_record
 
 DEFAULT_MAX_SIZE = settings.DEFAULT_CACHE_MAXSIZE
 #: A layout version in the path, so an incompatible future layout starts afresh.
@@ -30,7 +30,7 @@ class CacheWarning(UserWarning):
     """The cache (or one of its entries) could not be used; kernels still run."""
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CacheConfig:
     """Resolved cache settings."""
 

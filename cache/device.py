@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Mapping
 
-from portkern.base.records import to_plain, wire
+from portkern.base.records import frozen_record, to_plain, wire
 
 
-@dataclass(frozen=True)
+@frozen_record
 class DeviceFingerprint:
     """A device as native code sees it. Equal fingerprints may share native code.
 

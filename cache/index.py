@@ -15,8 +15,10 @@ so index rows move together with the records they describe.
 from __future__ import annotations
 
 import sqlite3
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Iterable
+
+from portkern.base.records import frozen_record
 
 SCHEMA = "1"
 
@@ -43,7 +45,7 @@ _DDL = (
 )
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Row:
     """The index row of one artifact."""
 
@@ -62,7 +64,7 @@ _NAMES = tuple(f.name for f in fields(Row))
 _COLUMNS = ", ".join(_NAMES)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Filter:
     """Which entries a listing wants: by kernel name, bundle name, device label or fingerprint prefix."""
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Sequence
 
+from portkern.base.records import frozen_record
 from portkern.cache.device import DeviceFingerprint
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def kernel_digest(kind: str, entry: str, stage_blob: str) -> str:
     return _hash({"kind": kind, "entry": entry, "stage": stage_blob})
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ArtifactKey:
     """The parts of an artifact key, kept for display; `.hex` is the key itself."""
 

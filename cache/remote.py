@@ -35,12 +35,12 @@ import time
 import uuid
 import warnings
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, TypeVar
 
 from portkern import schemas
 from portkern.base import framing, settings, signing
 from portkern.base.errors import CacheError, PortkernError
+from portkern.base.records import frozen_record
 from portkern.cache.config import CacheWarning
 
 if TYPE_CHECKING:
@@ -81,7 +81,7 @@ class RemoteCacheWarning(CacheWarning):
     logged on `portkern.cache.remote`."""
 
 
-@dataclass(frozen=True)
+@frozen_record
 class RemoteConfig:
     """Where the remote tier is and its limits."""
 
@@ -92,7 +92,7 @@ class RemoteConfig:
     lock_s: float = DEFAULT_LOCK_S
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Fetched:
     """A remote value that passed every check."""
 
@@ -102,7 +102,7 @@ class Fetched:
     signer: signing.TrustedKey | None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Lookup:
     """What one lookup in the remote tier found: `outcome` (`HIT`, `MISS`, `REFUSED`, `UNREACHED`)
     and, on a hit, the value."""

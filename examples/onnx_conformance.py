@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import random
 import warnings
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from portkern import onnx as backend
 from portkern.base.errors import BuildError, FinalizeError, PortkernError, one_line
+from portkern.base.records import frozen_record
 from portkern.examples import onnx_models
 
 #: Outcomes of one case on one side, in the order they are reported.
@@ -63,7 +63,7 @@ FAMILIES = {
 _FAMILY_OF = {op: family for family, ops in FAMILIES.items() for op in ops.split()}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Case:
     """One conformance case: a model, its inputs and reference outputs, and the tolerances."""
 
@@ -80,7 +80,7 @@ class Case:
         return family_of(self.name, self.model)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Outcome:
     """What one side made of one case."""
 

@@ -17,10 +17,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from portkern.base.records import frozen_record
 
 #: Tolerances every output is judged at (as onnx's backend tests judge them).
 RTOL, ATOL = 1e-3, 1e-5
@@ -28,7 +29,7 @@ ROUTES = ("manifest", "backend")
 SUITES = ("pytorch-converted", "light")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Model:
     """One corpus model: its suite, name and `.onnx` file."""
 
@@ -37,7 +38,7 @@ class Model:
     path: Path
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Result:
     """One model through one route: built, correct, the largest error, why not (empty when correct)."""
 

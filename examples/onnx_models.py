@@ -10,9 +10,9 @@ graph `torch-jit-export`; values keep their names, `0`, `1`, ...).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
+from portkern.base.records import frozen_record
 from portkern.portable.onnx_model import as_kernel, kernel_name
 
 #: A representative subset of the node conformance cases: convolutions, pooling, reductions,
@@ -39,7 +39,7 @@ NODE_CASES = (
 )
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Model:
     """One ONNX model: its kernel name, its suite and where its bytes come from."""
 

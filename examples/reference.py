@@ -13,18 +13,19 @@ wrong kernel shows up as a large error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+
+from portkern.base.records import frozen_record
 
 HERE = Path(__file__).resolve().parent
 
 M, K, N = 256, 512, 384
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Example:
     name: str  # kernel name in the manifest
     inputs: Callable[[np.random.Generator], list[np.ndarray]]

@@ -7,16 +7,17 @@ and CNN as ONNX graphs with fixed weights, and their NumPy references. Needs `on
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
+from portkern.base.records import frozen_record
+
 OPSET = 17
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ServingModel:
     name: str
     #: The ONNX model, serialized.

@@ -12,11 +12,11 @@ run the dynamic default.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from portkern.base.errors import PortkernError
-from portkern.base.records import from_plain, to_plain
+from portkern.base.records import from_plain, frozen_record, to_plain
 from portkern.portable.bundle import Bundle, KernelRecord, Signature, Stage, TensorSpec
 from portkern.portable.contract import ShapeContract
 
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class BucketRecord:
     """What tuning decided for one bucket."""
 
@@ -56,7 +56,7 @@ class BucketRecord:
         return from_plain(cls, data)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class BucketCode:
     """A bucket's loaded code: `exact` for calls with the record's values, `bucket` for its other sizes.
 

@@ -9,11 +9,11 @@ the check requires both to be the asked arch. PTX names it in `.target`.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import msgpack
 
 from portkern.base.errors import CodeObjectError
+from portkern.base.records import frozen_record
 from portkern.cache.device import DeviceFingerprint
 from portkern.jit import elf
 
@@ -47,7 +47,7 @@ _PTX = re.compile(rb"\.version (\d{1,2}\.\d{1,2})\s*\n\s*\.target (sm_\w{1,8})")
 _NOTE_PROCESSOR = re.compile(r"(gfx[0-9a-z]+)((?::[a-z]+[+-])*)$")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class AmdgpuCode:
     """One AMD code object: its processor by header and by metadata, and its features."""
 
@@ -65,13 +65,13 @@ class AmdgpuCode:
     wavefront_sizes: tuple[int, ...]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class PtxCode:
     version: str
     target: str
 
 
-@dataclass(frozen=True)
+@frozen_record
 class DeviceCode:
     """Every piece of device code found in a blob."""
 

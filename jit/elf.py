@@ -8,7 +8,8 @@ does not add up is `ElfFormatError` (a ValueError), never a crash.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+
+from portkern.base.records import frozen_record
 
 MAGIC = b"\x7fELF"
 _IDENT = struct.Struct("<4sBBBBB")  # magic, class, data, version, osabi, abiversion
@@ -36,7 +37,7 @@ class ElfFormatError(ValueError):
     """The bytes are not a well-formed ELF64 little-endian image."""
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Note:
     """One ELF note: owner name, type and descriptor bytes."""
 
@@ -45,7 +46,7 @@ class Note:
     desc: bytes
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Image:
     """An ELF64 image found at `offset` in a larger blob."""
 

@@ -13,13 +13,14 @@ this process.
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 from portkern.base import settings
 from portkern.base.errors import BundleError, CompileForbiddenError, DeviceError, FinalizeError, PortkernError
 from portkern.base.logs import logger
+from portkern.base.records import frozen_record
 from portkern.cache import keys
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import ArtifactKey, artifact_key, kernel_digest
@@ -43,7 +44,7 @@ CODE_OBJECT_KINDS = ("amdgpu", "cuda")
 Progress = Callable[[int, int, "Plan"], None]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Native:
     """Native code for one kernel on one target, and where it came from."""
 
@@ -59,7 +60,7 @@ class Native:
     built_for: str = ""
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Plan:
     """How one kernel becomes native code for one target, worked out once per request."""
 

@@ -21,10 +21,10 @@ import os
 import re
 import shutil
 import threading
-from dataclasses import dataclass
 from typing import Any
 
 from portkern.base.errors import DeviceError, ForkError
+from portkern.base.records import frozen_record
 from portkern.cache import scratch as scratch_dirs
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.store import Store
@@ -41,7 +41,7 @@ _contexts: dict[int, tuple[Any, Any]] = {}
 _started_in: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Found:
     """An OpenCL device, its fingerprint and facts about it that do not change code."""
 

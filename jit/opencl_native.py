@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -33,6 +32,7 @@ from portkern.base.errors import (
     PortkernError,
     brief,
 )
+from portkern.base.records import frozen_record
 from portkern.jit import opencl
 from portkern.jit.args import bind_launch
 from portkern.jit.target import Target
@@ -50,7 +50,7 @@ WIDE_GRID = 1 << 16
 MAX_SCRATCH_BYTES = 64 << 20
 
 
-@dataclass(frozen=True)
+@frozen_record
 class BuildChoice:
     """How a kernel is built for a device: which variant, from which stage, with which options."""
 
@@ -165,7 +165,7 @@ def build(record: KernelRecord, blobs: Mapping[str, bytes], target: Target, conf
     return bytes(binary)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Scratch:
     """Symbol values for a finalising launch, the input shapes and the global size they give."""
 

@@ -43,13 +43,13 @@ import shutil
 import stat
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from portkern.base.errors import BundleChangedError, BundleError, BundleTruncatedError
 from portkern.base.framing import HEADER_SIZE
 from portkern.base.logs import logger
+from portkern.base.records import frozen_record
 from portkern.base.settings import format_size
 from portkern.cache.keys import parameters_key
 from portkern.cache.repair import PARAMETERS
@@ -77,7 +77,7 @@ COPY_PIECE = 8 << 20
 _PLAIN_COPY = {errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL, errno.ETXTBSY}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class KernelParameters:
     """One kernel's parameters, in memory no other program writes: what the runtime needs."""
 

@@ -11,10 +11,10 @@ target is reported and left without that slice; the others are still built.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from portkern.base.errors import DeviceError, PortkernError, one_line
+from portkern.base.records import frozen_record
 from portkern.jit.native import DEFAULT_CONFIG, compile_job, stage_source
 from portkern.jit.target import Target
 from portkern.jit.toolchain import IREE
@@ -29,7 +29,7 @@ Progress = Callable[[KernelRecord, Target], None]
 FINALIZED_KINDS = IREE_KINDS
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Failure:
     """A kernel that could not be finalised for a target, and why."""
 
@@ -38,7 +38,7 @@ class Failure:
     error: str
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Prebuilt:
     """The bundle with the native code that could be built, and what could not."""
 

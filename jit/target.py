@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from portkern.base.errors import CompileError, DeviceError
+from portkern.base.records import frozen_record
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import probe_key
 from portkern.portable.producer import installed_compiler
@@ -27,7 +27,7 @@ _memo: dict[str, dict] = {}
 _memo_lock = threading.Lock()
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Target:
     """A device to finalise for, and whether this host can run the result."""
 
@@ -59,7 +59,7 @@ class Target:
         return self.flags + (f"executable-target-sha256={digest}",)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Probe:
     """What a backend found on this machine: devices, or why there are none."""
 

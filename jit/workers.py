@@ -41,6 +41,7 @@ from typing import IO, Any, Callable, Iterable
 
 from portkern.base import errors, settings
 from portkern.base.errors import FinalizeError, PortkernError, brief
+from portkern.base.records import frozen_record
 from portkern.cache import scratch
 from portkern.jit import background, handlers
 from portkern.jit.target import Target
@@ -78,7 +79,7 @@ def target_message(target: Target) -> dict:
     }
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Source:
     """MLIR for the workers: a bundle stage (fitted to the target in the worker) or a
     module already fitted (`stage` None), with the phase it is at. `key` names it."""
@@ -92,7 +93,7 @@ class Source:
         return {"key": self.key, "blob": self.blob, "phase": self.phase, "stage": self.stage}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Job:
     """One unit of work for a worker; `name` is the kernel it is for (in messages)."""
 

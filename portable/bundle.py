@@ -14,7 +14,7 @@ names cannot contain path separators.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Mapping
 
@@ -28,7 +28,7 @@ from portkern.base.errors import (
     OversizeFieldError,
     UnsupportedVersionError,
 )
-from portkern.base.records import from_plain, to_plain, wire
+from portkern.base.records import from_plain, frozen_record, to_plain, wire
 from portkern.portable.contract import ShapeContract
 from portkern.portable.parameters import (
     CHUNK_BYTES,
@@ -75,7 +75,7 @@ MAX_STRING_BYTES = 64 << 10
 MAX_ITEMS = 1 << 16
 
 
-@dataclass(frozen=True)
+@frozen_record
 class TensorSpec:
     """Shape (None for a dynamic dimension) and NumPy dtype name of one tensor."""
 
@@ -94,7 +94,7 @@ class TensorSpec:
         return f"{dims}x{self.dtype}" if dims else self.dtype
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Signature:
     """Arguments and results of a kernel's entry function, and the shape contract that ties
     their dimensions together (None when it could be neither derived nor stated)."""
@@ -127,7 +127,7 @@ class Signature:
         return f"({', '.join(map(str, self.inputs))}) -> ({', '.join(map(str, self.results))})"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Stage:
     """A portable (not yet native) form of a kernel, stored as a blob."""
 
@@ -158,7 +158,7 @@ class Stage:
         return from_plain(cls, data)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class NativeArtifact:
     """Native code prebuilt for one target (a fat-binary slice)."""
 
@@ -179,7 +179,7 @@ class NativeArtifact:
         return from_plain(cls, data)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class KernelRecord:
     """Everything a bundle holds about one kernel."""
 
@@ -220,7 +220,7 @@ class KernelRecord:
         return from_plain(cls, data)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Bundle:
     """A bundle's contents: named kernels and the blobs they refer to."""
 

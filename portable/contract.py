@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union, cast
 
 from portkern.base.errors import ArgumentShapeError, ArgumentTypeError, LaunchSpecError
-from portkern.base.records import from_plain, to_plain, wire
+from portkern.base.records import from_plain, frozen_record, to_plain, wire
 
 if TYPE_CHECKING:
     from portkern.portable.expr import Expr
@@ -54,7 +54,7 @@ class UncheckedShapesWarning(UserWarning):
     """A kernel's shape contract could not be derived or stated: its calls cannot be checked."""
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ShapeContract:
     """Argument and result dimensions as sizes and shared symbols."""
 

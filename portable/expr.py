@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import ast
 import operator
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable, Mapping, Sequence, cast
 
 from portkern.base.errors import LaunchSpecError
+from portkern.base.records import frozen_record
 
 MAX_TEXT = 256
 MAX_NODES = 64
@@ -59,7 +60,7 @@ _FUNCTIONS: dict[str, tuple[Callable[..., int], int, int]] = {
 FUNCTIONS = tuple(_FUNCTIONS)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Expr:
     """A checked expression, its text and what it refers to."""
 

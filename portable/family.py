@@ -13,10 +13,10 @@ resumes. Target attributes live at exactly these places in an IREE module:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from portkern.base.errors import BuildError, CompileError, one_line
+from portkern.base.records import frozen_record
 from portkern.portable.compiler import operations
 from portkern.portable.lower import PORTABLE_PHASE
 
@@ -33,7 +33,7 @@ MODULE_TARGETS = "hal.device.targets"
 PLACEHOLDER_KEY = "portkern.placeholder"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Family:
     """A GPU family as IREE's HAL names it."""
 

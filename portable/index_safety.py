@@ -25,8 +25,9 @@ divided by -1: the divisor is made 1 in those cases, and a result whose divisor 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
+
+from portkern.base.records import frozen_record
 
 #: Names this rewrite in the cache key of code compiled from a source stage, whose bytes do not
 #: show whether the compiling portkern clamped (a flow stage's bytes do).
@@ -43,7 +44,7 @@ SCATTER = "iree_linalg_ext.scatter"
 _SIGNED = ("arith.divsi", "arith.remsi", "arith.floordivsi", "arith.ceildivsi")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Rewritten:
     """What `clamp` changed in a module."""
 

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import itertools
 import re
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from portkern.base.errors import LaunchSpecError, MalformedBundleError
-from portkern.base.records import to_plain, wire
+from portkern.base.records import frozen_record, to_plain, wire
 from portkern.portable import expr
 from portkern.portable.bundle import KernelRecord, Signature, TensorSpec
 from portkern.schemas import schema
@@ -97,7 +97,7 @@ def _text(e: expr.Expr) -> str:
     return e.text
 
 
-@dataclass(frozen=True)
+@frozen_record
 class LaunchArg:
     """One kernel argument: a buffer, or a scalar."""
 
@@ -127,7 +127,7 @@ class LaunchArg:
         return to_plain(self)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Variant:
     """One build of the kernel: for a sub-group size (or any), or for one point of its parameter space,
     with its local size and stages."""
@@ -159,7 +159,7 @@ def point_config(params: Sequence[tuple[str, int]]) -> str:
     return f"0={POINT_FAMILY}:v{POINT_VERSION}:{point_text(params)}"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class VariantSource:
     """What the build host compiles for one variant."""
 
@@ -168,7 +168,7 @@ class VariantSource:
     defines: tuple[tuple[str, str], ...] = ()
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Launch:
     """A checked launch description."""
 

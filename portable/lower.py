@@ -7,11 +7,11 @@ import re
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from portkern.base.errors import BuildError, CompileError, brief
+from portkern.base.records import frozen_record
 from portkern.portable import onnx_semantics
 from portkern.portable.bundle import Signature, TensorSpec
 from portkern.portable.compiler import Compiler, bytecode, bytecode_version
@@ -43,7 +43,7 @@ ONNX_IMPORT_TIMEOUT_S = 600
 _TORCH_TENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(\w+)>$")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Lowered:
     """A kernel lowered to its portable stage."""
 

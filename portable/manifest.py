@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -10,6 +10,7 @@ import yaml
 
 from portkern.base.errors import LaunchSpecError, ManifestError, did_you_mean, one_line
 from portkern.base.framing import read_bounded
+from portkern.base.records import frozen_record
 from portkern.schemas import validator
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ KIND_BY_SUFFIX = {".mlir": "mlir", ".mlirbc": "mlir", ".onnx": "onnx", ".pt2": "
 MAX_MANIFEST_BYTES = 1 << 20
 
 
-@dataclass(frozen=True)
+@frozen_record
 class KernelSpec:
     """One kernel as the manifest declares it."""
 
@@ -35,7 +36,7 @@ class KernelSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Manifest:
     """A validated manifest; sources are absolute paths that exist."""
 

@@ -7,13 +7,13 @@ built and ran, and its results differed from onnx's reference beyond the case's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from portkern.base.errors import BuildError
+from portkern.base.records import frozen_record
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Use:
     """One node as a rule sees it: its operator, attributes, and the element type and rank of
     each input ("" and None where an input is absent or its type unknown)."""
@@ -33,7 +33,7 @@ class Use:
         return index < len(self.inputs) and bool(self.inputs[index])
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Rule:
     op: str
     applies: Callable[[Use], bool]

@@ -7,16 +7,16 @@ stay as the model states them: they are data (`portable.contract` derives identi
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Any
 
+from portkern.base.records import frozen_record
 from portkern.portable.contract import identifier
 
 _LOCATION = re.compile(r"(?:^|\s)-:(\d+):\d+:")
 _OPERATOR = re.compile(r'"onnx\.(\w+)"')
 
 
-@dataclass(frozen=True)
+@frozen_record
 class GraphInput:
     """One input a caller passes (graph inputs that are initializers are not passed)."""
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import math
 import mmap
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from portkern.base.errors import BuildError
+from portkern.base.records import frozen_record
 
 # Field numbers (onnx.proto3).
 _MODEL_GRAPH = 7
@@ -39,7 +39,7 @@ ITEM_SIZE = {
 }
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Span:
     """Where an initializer's raw bytes lie in the original model file."""
 
@@ -47,7 +47,7 @@ class Span:
     size: int
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Stripped:
     """A model whose large inline initializers refer to their bytes in the original file."""
 
@@ -57,7 +57,7 @@ class Stripped:
     spans: dict[str, Span]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class _Field:
     number: int
     wire: int

@@ -25,12 +25,12 @@ import shutil
 import subprocess
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from portkern.base.errors import BuildError, CompileError, LaunchSpecError, brief, one_line
 from portkern.base.framing import read_bounded
+from portkern.base.records import frozen_record
 from portkern.portable import spirv
 from portkern.portable.bundle import KernelRecord, Stage, sha256
 from portkern.portable.launch import ELEMENTS, Launch, LaunchArg, Variant, VariantSource, dotted, from_manifest, point_text, where_of
@@ -59,7 +59,7 @@ class BuildWarning(UserWarning):
     """The build succeeded, but with a compromise the user should know about."""
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Compiled:
     """One variant's stages and the blobs they refer to."""
 

@@ -18,11 +18,10 @@ import functools
 import hashlib
 import os
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Iterable, Iterator, Mapping, Sequence
 
 from portkern.base.errors import BundleTruncatedError, DigestMismatchError, MalformedBundleError
-from portkern.base.records import from_plain, to_plain
+from portkern.base.records import from_plain, frozen_record, to_plain
 
 if TYPE_CHECKING:
     import mmap
@@ -47,7 +46,7 @@ TRANSPOSE_TILE_ROWS = 256
 DEFAULT_SCOPE = "model"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Parameter:
     """One named parameter of a kernel: where its bytes lie in the section."""
 
@@ -65,7 +64,7 @@ class Parameter:
         return from_plain(cls, data)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ParameterSection:
     """Where a bundle's parameter section lies in its file, and its chunk digests."""
 
@@ -202,7 +201,7 @@ def _unescape(text: str) -> str:
 Reader = Callable[[], Iterator[bytes | memoryview]]
 
 
-@dataclass(frozen=True)
+@frozen_record
 class ParameterData:
     """A parameter to be written: its kernel, name, size and where its bytes come from."""
 

@@ -6,15 +6,14 @@ import ast
 import functools
 import importlib.util
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from portkern.base.errors import IncompatibleProducerError
-from portkern.base.records import from_plain, to_plain
+from portkern.base.records import from_plain, frozen_record, to_plain
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Producer:
     """The compiler that wrote a stage and the MLIR bytecode version it used."""
 
@@ -32,7 +31,7 @@ class Producer:
         return from_plain(cls, data)
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Installed:
     """An installed IREE package's version and source revision."""
 

@@ -9,10 +9,10 @@ features the kernel needs. Function bodies are skipped.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 from typing import Any
 
 from portkern.base.errors import CompileError
+from portkern.base.records import frozen_record
 
 MAGIC = 0x07230203
 MAX_MODULE_BYTES = 64 << 20
@@ -36,7 +36,7 @@ _SUBGROUP_BUILTINS = frozenset(range(36, 42))
 _GENERATORS = {6: "Khronos LLVM/SPIR-V Translator", 7: "Khronos SPIR-V Tools Assembler", 8: "Khronos Glslang"}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Param:
     """A kernel parameter's type as OpenCL C would write it."""
 
@@ -56,7 +56,7 @@ class Param:
         return f"__{self.space} {base}*" if self.kind == "pointer" else base
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Kernel:
     """One kernel entry point."""
 
@@ -68,7 +68,7 @@ class Kernel:
     subgroup_size: int | None = None
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Module:
     """The declarations of a SPIR-V module that portkern uses."""
 

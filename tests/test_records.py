@@ -7,7 +7,7 @@ from typing import Mapping, Optional, Sequence, Union
 
 import pytest
 
-from portkern.base.records import from_plain, to_plain, wire
+from portkern.base.records import from_plain, frozen_record, to_plain, wire
 
 
 @dataclass(frozen=True)
@@ -72,3 +72,66 @@ def test_fixed_tuples_lists_sequences_and_union_arms_in_order():
     assert from_plain(Layout, {**data, "pair": [{"x": 1}]}).pair == ({"x": 1},)  # not the hint's length: a tuple as it is
     assert to_plain(from_plain(Layout, data)) == {**data, "pair": [{"x": 1, "y": 0}, 2], "rows": [{"x": 3, "y": 4}],
                                                   "either": [{"x": 5, "y": 0}]}
+
+
+def _twins(**options):
+    """The same record declared with `frozen_record` and with `dataclass(frozen=True)`."""
+
+    def body():
+        return {
+            "__annotations__": {"a": "int", "b": "str", "skipped": "tuple", "hidden": "int", "unhashed": "int"},
+            "b": "x",
+            "skipped": field(default=(), compare=False),
+            "hidden": field(default=0, repr=False),
+            "unhashed": field(default=0, hash=False),
+            "__module__": __name__,
+        }
+
+    return frozen_record(type("Twin", (), body()), **options), dataclass(frozen=True, **options)(type("Twin", (), body()))
+
+
+@pytest.mark.parametrize("options", [{}, {"kw_only": True}, {"slots": True}])
+def test_frozen_records_behave_as_frozen_dataclasses(options):
+    """`frozen_record`: repr, equality, hashing, immutability and the dataclass API as
+    `dataclass(frozen=True)` gives them."""
+    import dataclasses
+
+    ours, theirs = _twins(**options)
+    values = [dict(a=1, b="q", skipped=(1,), hidden=2, unhashed=3), dict(a=1, b="q", skipped=(), hidden=2, unhashed=3),
+              dict(a=1, b="q", hidden=2, unhashed=4), dict(a=2), dict(a=1, hidden=5)]
+    made = [(ours(**v), theirs(**v)) for v in values]
+    for x, tx in made:
+        assert repr(x) == repr(tx)
+        assert hash(x) == hash(tx)
+        assert dataclasses.is_dataclass(x) and dataclasses.asdict(x) == dataclasses.asdict(tx)
+        assert dataclasses.replace(x, a=7).a == 7
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            x.a = 9
+        for y, ty in made:
+            assert (x == y) == (tx == ty) and (x != y) == (tx != ty)
+        assert x != tx and (x == 1) is False  # another class, another type: never equal
+    assert {made[0][0], made[1][0]} == {made[0][0]}  # equal (skipped is not compared) and hashed alike
+
+
+def test_frozen_records_keep_the_methods_a_class_defines():
+    @frozen_record
+    class Named:
+        name: str
+        size: int = 0
+
+        def __eq__(self, other):
+            return isinstance(other, Named) and self.name == other.name
+
+        def __repr__(self):
+            return f"<{self.name}>"
+
+    @dataclass(frozen=True)
+    class Twin:
+        name: str
+        size: int = 0
+
+        def __eq__(self, other):
+            return isinstance(other, Twin) and self.name == other.name
+
+    assert Named("a", 1) == Named("a", 2) and repr(Named("a")) == "<a>"
+    assert hash(Named("a", 1)) == hash(Twin("a", 1))  # dataclasses hashes every field where the class gives only __eq__

@@ -13,17 +13,17 @@ tiles); `waves per EU` 0 leaves the occupancy hint unset. The shared fields are
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import ClassVar
 
 from portkern.base.errors import PerfConfigError
+from portkern.base.records import frozen_record
 from portkern.tuner.gpu_config import GpuConfig
 from portkern.tuner.perfconfig import expect_fields, parse_int
 
 MAX_WAVES_PER_EU = 10
 
 
-@dataclass(frozen=True)
+@frozen_record
 class AmdGpuConfig(GpuConfig):
     """Tiles, matrix intrinsic, launch shape and occupancy hint of one AMD GPU dispatch."""
 

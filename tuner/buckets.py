@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from portkern.base.errors import ArgumentShapeError, PortkernError, TuningError, one_line
-from portkern.base.records import to_plain
+from portkern.base.records import frozen_record, to_plain
 from portkern.cache.tuning import TuningDB
 from portkern.jit.buckets import BucketRecord, read_index, specialised_bundle
 from portkern.jit.native import NativeCode
@@ -41,7 +41,7 @@ Shapes = Sequence[Sequence[int]] | Mapping[str, Sequence[int]]
 REPEATS = 3
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Verdict:
     """What a bucket keeps: `specialised` code for its exact sizes, the `tuned` dynamic config for its others."""
 

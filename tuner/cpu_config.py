@@ -8,10 +8,10 @@ at that level). It maps to
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar, Sequence
 
 from portkern.base.errors import PerfConfigError
+from portkern.base.records import frozen_record
 from portkern.tuner.perfconfig import (
     VersionedConfig,
     attribute_lists,
@@ -26,7 +26,7 @@ ATTRIBUTE = "#iree_cpu.lowering_config"
 _LEVELS = ("distribution", "vector_common_parallel", "vector_reduction")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CpuConfig(VersionedConfig):
     """Tile sizes per loop of a dispatch's root op, at IREE's three CPU tiling levels."""
 

@@ -48,10 +48,10 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
 from typing import Sequence
 
 from portkern.base.errors import PerfConfigError
+from portkern.base.records import frozen_record
 from portkern.tuner.cpu_config import CpuConfig
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.space import Stage
@@ -86,7 +86,7 @@ REDUCTION_COST = {8: 1.02, 16: 1.04, 32: 1.08}
 STAGES = (Stage("vector", "single"), Stage("distribution", "deployed"))
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CpuSpace:
     """Valid CPU configs of one dispatch; `default` is the compiler's own."""
 

@@ -11,16 +11,16 @@ or `none` (SIMT roots, with thread tiles). The fields are `gpu_config.GpuConfig`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import ClassVar
 
+from portkern.base.records import frozen_record
 from portkern.tuner.gpu_config import GpuConfig
 from portkern.tuner.perfconfig import expect_fields, parse_int
 
 WARP_SIZE = 32
 
 
-@dataclass(frozen=True)
+@frozen_record
 class CudaConfig(GpuConfig):
     """Tiles, matrix intrinsic and launch shape of one NVIDIA GPU dispatch."""
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import field
 
-from portkern.base.records import to_plain, wire
+from portkern.base.records import frozen_record, to_plain, wire
 from portkern.tuner.perfconfig import PerfConfig
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Dispatch:
     """One dispatch of a kernel, as the tuner sees it."""
 

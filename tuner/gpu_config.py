@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from typing import ClassVar
 
 from portkern.base.errors import PerfConfigError
+from portkern.base.records import frozen_record
 from portkern.tuner.perfconfig import VersionedConfig, attribute_lists, check_tiles, format_tiles, list_text, parse_tiles, parse_token
 
 ATTRIBUTE = "#iree_gpu.lowering_config"
@@ -44,7 +44,7 @@ def mma_shape(mma: str) -> tuple[int, int, int] | None:
     return int(match.group(1)), int(match.group(2)), int(match.group(3))
 
 
-@dataclass(frozen=True)
+@frozen_record
 class GpuConfig(VersionedConfig):
     """Tiles, matrix intrinsic and launch shape of one GPU dispatch (a family's subclass fixes the strings)."""
 

@@ -9,14 +9,14 @@ carries it, so the space comes from the same table the compiler uses.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
+from portkern.base.records import frozen_record
 from portkern.tuner.perfconfig import attribute_lists
 
 _PREFIX = "#iree_gpu.target<"
 
 
-@dataclass(frozen=True)
+@frozen_record
 class GpuLimits:
     """The limits of one GPU arch a search space needs."""
 

@@ -12,10 +12,11 @@ the loader reads.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Iterator, Mapping
 
 from portkern.base.errors import PerfConfigError
+from portkern.base.records import frozen_record
 from portkern.jit.finalize import MODULE_OPTIONS, module_options
 from portkern.tuner import perfconfig, registry
 from portkern.tuner.perfconfig import PerfConfig
@@ -25,7 +26,7 @@ DEFAULT = "default"
 MAX_DISPATCHES = 256
 
 
-@dataclass(frozen=True)
+@frozen_record
 class KernelConfig:
     """Perf configs by dispatch index; dispatches not present keep the default."""
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
 
 from portkern.base.errors import KernelRuntimeError, TuningError
-from portkern.base.records import to_plain
+from portkern.base.records import frozen_record, to_plain
 from portkern.portable.bundle import Signature
 from portkern.portable.dtypes import numpy_dtype
 
@@ -38,7 +37,7 @@ RTOL = {"float16": 1e-2, "bfloat16": 2e-2, "float32": 1e-4, "float64": 1e-9}
 SINGLE_THREAD = {"local-task": "local-sync"}
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Timing:
     """Seconds per call: median, quartiles and minimum over `runs` timed calls (or rounds)."""
 

@@ -13,12 +13,12 @@ build job and counts as a failed candidate, with the reason.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from portkern.base.errors import PerfConfigError, PortkernError
+from portkern.base.records import frozen_record
 from portkern.cache.keys import opencl_problem
 from portkern.jit.args import bind_launch
 from portkern.jit.opencl_native import Executable
@@ -35,7 +35,7 @@ from portkern.tuner.space import Stage
 QUICK = 8
 
 
-@dataclass(frozen=True)
+@frozen_record
 class OpenclConfig(VersionedConfig):
     """One point of an OpenCL kernel's parameter space: `opencl:v1:NAME=value,...` in the space's order."""
 

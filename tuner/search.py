@@ -9,9 +9,9 @@ first and never counts.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from portkern.base.records import frozen_record
 from portkern.tuner.evaluate import Evaluator
 from portkern.tuner.kernel_config import KernelConfig
 from portkern.tuner.measure import driver_for
@@ -20,7 +20,7 @@ from portkern.tuner.results import FAILED, Evaluation
 from portkern.tuner.space import Space, Stage
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Budget:
     """Limits of one search: candidates evaluated (the default not counted) and wall time."""
 
@@ -34,7 +34,7 @@ class Budget:
             raise TuningError(f"a tuning budget needs a candidate count >= 0 and a time > 0 s (got {self.evaluations}, {self.seconds})")
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Progress:
     """Reported after every candidate of a search."""
 

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Protocol, Sequence, TypeVar
 
+from portkern.base.records import frozen_record
 from portkern.tuner.dispatch import Dispatch
 from portkern.tuner.perfconfig import PerfConfig
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Stage:
     """One step of a staged search."""
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from portkern.base.errors import PortkernError
-from portkern.base.records import to_plain
+from portkern.base.records import frozen_record, to_plain
 from portkern.jit import finalize
 from portkern.portable.bundle import IREE_KINDS
 from portkern.tuner import analysis, registry
@@ -42,7 +42,7 @@ _REASON_KINDS = (
 )
 
 
-@dataclass(frozen=True)
+@frozen_record
 class Outcome:
     """How one strategy ended on one dispatch (or on a whole kernel, when `dispatch` is "")."""
 
