@@ -15,8 +15,9 @@ the default threads on both sides (OpenBLAS: one per core; IREE: its task execut
 - a 2048x2048x2048 f32 matmul through NumPy in processes of its own: the rate the issue's
   "measured peak" is read against here.
 
-Every side's result is checked against a float64 reference (largest absolute error printed).
-GFLOP/s count 2*M*N*K multiply-adds of the matmul.
+Every side's result is checked against a float64 reference (largest absolute error printed),
+computed first in each process: freeing its temporaries raises glibc's mmap threshold, which puts
+NumPy in its faster state (docs/tuning.md). GFLOP/s count 2*M*N*K multiply-adds of the matmul.
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ CHILD = textwrap.dedent(
     rng = np.random.default_rng(0)
     a = rng.standard_normal((768, 640), dtype=np.float32)
     b = rng.standard_normal((640, 384), dtype=np.float32)
+    # (freeing this reference's float64 temporaries raises glibc's mmap threshold above them, so
+    # NumPy's 1.2 MB results come from the heap, not fresh pages each call: its faster state)
     expected = np.maximum(a.astype(np.float64) @ b, 0)
     sides = {"numpy": lambda: np.maximum(a @ b, 0)}
     order = sys.argv[1].split(",")
