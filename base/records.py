@@ -54,12 +54,11 @@ def frozen_record(cls: type[R] | None = None, /, **options: Any) -> Any:
         shown, compared = rest.pop("repr", True), rest.pop("eq", True)
         own = c.__dict__
         explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
-        keep = {name for name in ("__repr__", "__eq__") if name in own}
         made = dataclasses.dataclass(c, frozen=True, repr=False, eq=False, **rest)
-        if shown and "__repr__" not in keep:
+        if shown and "__repr__" not in own:
             made.__repr__ = _record_repr  # type: ignore[method-assign]
         if compared:
-            if "__eq__" not in keep:
+            if "__eq__" not in own:
                 made.__eq__ = _record_eq  # type: ignore[method-assign]
             if not explicit_hash:
                 made.__hash__ = _record_hash  # type: ignore[method-assign]
