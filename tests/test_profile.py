@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import jsonschema
+import numpy as np
 import pytest
 from helpers import cli_json, example_manifest
 
@@ -41,9 +42,9 @@ SCHEMA = {
                             "required": ["index", "name", "root", "calls", "call_s", "time_s", "share", "batch", "note"],
                             "properties": {
                                 "index": {"type": "integer", "minimum": 0},
-                                "calls": {"type": "integer", "minimum": 1},
+                                "calls": {"type": "integer", "minimum": 0},
                                 "call_s": {"type": "number", "exclusiveMinimum": 0},
-                                "time_s": {"type": "number", "exclusiveMinimum": 0},
+                                "time_s": {"type": "number", "minimum": 0},
                                 "share": {"type": "number", "minimum": 0, "maximum": 1},
                                 "batch": {"type": "integer", "minimum": 1},
                             },
@@ -95,6 +96,54 @@ def test_a_config_with_module_options_is_profiled_in_its_own_module(rowsum_bundl
     assert len(tiled["dispatches"]) > len(default["dispatches"])
     assert [d["index"] for d in tiled["dispatches"]] == list(range(len(tiled["dispatches"])))
     assert sum(d["share"] for d in tiled["dispatches"]) == pytest.approx(1.0)
+
+
+def scaled_weight_model(where):
+    """y = x @ (W * exp(S)), W and S in external data (parameters, as exporters write weights): IREE
+    computes W * exp(S) in the module's initializer, once, when the module is loaded."""
+    onnx = pytest.importorskip("onnx", reason="ONNX models need the 'onnx' package")
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w, scale = rng.standard_normal((64, 128)).astype(np.float32), rng.standard_normal(128).astype(np.float32)
+    nodes = [helper.make_node("Exp", ["S"], ["E"]), helper.make_node("Mul", ["W", "E"], ["V"]), helper.make_node("MatMul", ["x", "V"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "scaled", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [64, 128])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(scale, "S")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save_model(model, where / "model.onnx", save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="model.onnx.data", size_threshold=0)
+    (where / "manifest.yaml").write_text("bundle: scaled\nkernels:\n  - name: scaled\n    source: model.onnx\n")
+    build_file(where / "manifest.yaml", where / "scaled.pkb")
+    return where / "scaled.pkb", w * np.exp(scale)
+
+
+def test_a_dispatch_only_the_initializer_runs_has_no_time_in_a_call_and_is_not_tuned(tmp_path, store, capsys):
+    path, weight = scaled_weight_model(tmp_path)
+    status, data = cli_json(capsys, "profile", path, "scaled", "--cache-dir", store.config.directory)
+    assert status == 0
+    jsonschema.validate(data, SCHEMA)
+    (config,) = data["configs"]
+    at_load = [d for d in config["dispatches"] if d["calls"] == 0]
+    in_call = [d for d in config["dispatches"] if d["calls"] > 0]
+    assert len(at_load) == 1 and "_initializer_" in at_load[0]["name"]
+    assert at_load[0]["time_s"] == 0 and at_load[0]["share"] == 0 and "when the module is loaded" in at_load[0]["note"]
+    assert at_load[0]["call_s"] > 0  # timed alone all the same
+    assert [d["root"] for d in in_call] == ["linalg.matmul"] and in_call[0]["share"] == pytest.approx(1.0)
+    assert config["sum_s"] == pytest.approx(in_call[0]["time_s"])
+    # `full` tunes every dispatch a call runs, not the initializer's; the result matches NumPy
+    status, tuned = cli_json(capsys, "tune", path, "--strategy", "full", "--budget", "2", "--cache-dir", store.config.directory, "--json")
+    assert status == 0
+    (kernel,) = tuned["kernels"]
+    # (module options may be taken first: the tile search then runs on that module's dispatches)
+    loading = [d for d in kernel["dispatches"] if "_initializer_" in d["name"]]
+    assert loading and all(d["evaluated"] == 0 and "when the module is loaded" in d["note"] for d in loading)
+    assert any(d["evaluated"] > 0 for d in kernel["dispatches"] if d not in loading)
+    x = np.random.default_rng(1).standard_normal((64, 64)).astype(np.float32)
+    out = portkern.load(path, store=store).kernel("scaled")(x)
+    np.testing.assert_allclose(out, x.astype(np.float64) @ weight, rtol=1e-4, atol=1e-3)
 
 
 def test_profile_prints_a_table_per_config(rowsum_bundle, store, capsys):

@@ -137,7 +137,7 @@ def _native_vector_bytes(target: str) -> int:
 def dispatches(module) -> list[Dispatch]:
     """The dispatches of a module at `executable-configurations`, in module order."""
     found = []
-    sites = dispatch_sites(module)
+    sites, at_load = dispatch_sites(module)
     for index, (function, target) in enumerate(_functions(module)):
         ops = _configured_ops(function)
         texts = [str(op.attributes["lowering_config"]) for op in ops]
@@ -152,7 +152,10 @@ def dispatches(module) -> list[Dispatch]:
             index=index, name=name, family=family.name if family else "", root="", sizes=(), parallel=(),
             element_bytes=4, default=None, problem=problem, native_vector_bytes=_native_vector_bytes(target),
             gpu_target=gpu_target.target_info(target), sites=sites.get(name, 0),
+            at_load=name in at_load and name not in sites,
         )
+        if unanalysed.at_load:
+            unanalysed = replace(unanalysed, reason=AT_LOAD_REASON)
         if family is None:
             found.append(replace(unanalysed, reason="no lowering config of a family the tuner knows"))
             continue
@@ -174,14 +177,35 @@ def dispatches(module) -> list[Dispatch]:
     return found
 
 
-def dispatch_sites(module) -> dict[str, int]:
-    """Per dispatch function (export) name, the `stream.cmd.dispatch` ops that name it."""
+#: Why a dispatch that only the module's initializers run is not tuned.
+AT_LOAD_REASON = "runs once, when the module is loaded (only its initializer dispatches it), never in a call: not tuned"
+
+
+def dispatch_sites(module) -> tuple[dict[str, int], set[str]]:
+    """Per dispatch function (export) name, the `stream.cmd.dispatch` ops of the module's functions
+    that name it (what a call runs); and the names its initializers (`util.initializer`, run once
+    when the module is loaded) dispatch."""
     sites: dict[str, int] = {}
+    at_load: set[str] = set()
     for op in operations(module):
         if op.name == "stream.cmd.dispatch" and "entry_points" in op.attributes:
-            for export in set(re.findall(r"::@([\w$.\-]+)(?=[\],\s]|$)", str(op.attributes["entry_points"]))):
+            exports = set(re.findall(r"::@([\w$.\-]+)(?=[\],\s]|$)", str(op.attributes["entry_points"])))
+            if _in_initializer(op):
+                at_load |= exports
+                continue
+            for export in exports:
                 sites[export] = sites.get(export, 0) + 1
-    return sites
+    return sites, at_load
+
+
+def _in_initializer(op) -> bool:
+    """Whether an op is inside a `util.initializer` (code the module runs once, when it is loaded)."""
+    parent = op.parent
+    while parent is not None and parent.name != "builtin.module":
+        if parent.name == "util.initializer":
+            return True
+        parent = parent.parent
+    return False
 
 
 def root_problem(problem: str) -> str:

@@ -44,8 +44,11 @@ class Dispatch:
     requested: bool = False
     #: For a space that is a list of built points (OpenCL): every point's perf-config string, the default first.
     points: tuple[str, ...] = ()
-    #: The places the module dispatches it (`stream.cmd.dispatch` ops; 0 where not counted).
+    #: The places the module's functions dispatch it (`stream.cmd.dispatch` ops; 0 where not counted).
     sites: int = 0
+    #: Only the module's initializers dispatch it: it runs once, when the module is loaded, never
+    #: in a call (weights transformed or packed); such a dispatch is not tuned (`reason`).
+    at_load: bool = False
 
     @property
     def tunable(self) -> bool:

@@ -10,7 +10,8 @@ dispatches each and their benchmark functions; one job per dispatch then
 writes the kernel config on that module, makes the dispatch's benchmark module
 and compiles it (`tuner.jobs`). This process times each benchmark on the
 kernel's runtime driver and divides by the batch: one call of the dispatch.
-A dispatch's time in the kernel is that times its places; its share is of the
+A dispatch's time in the kernel is that times its places (none for a dispatch only
+the module's initializer runs, once, when the module is loaded); its share is of the
 sum over the dispatches timed. The kernel's whole call is timed on random
 inputs (`tuner.measure`), the configs side by side; what the dispatches leave
 of it is the work between them (copies, fills, the runtime's own).
@@ -64,7 +65,7 @@ class DispatchTime:
     name: str
     #: Its root op ("" when it has none the tuner reads).
     root: str = ""
-    #: Places the kernel dispatches it.
+    #: Times one call of the kernel runs it (its places; 0: only the module's initializer runs it).
     calls: int = 1
     #: One call of the dispatch (fastest round), None when it was not timed (`note` says why).
     call_s: float | None = None
@@ -187,16 +188,18 @@ def _benchmarks(natives: NativeCode, record: KernelRecord, target: Target, confi
             analysed[options] = _analyse(natives, record, target, ";".join(options) or DEFAULT, pool)
         variant_target, source, listed = analysed[options]
         result = found[config] = _Benchmarks(
-            [DispatchTime(int(d["index"]), str(d["name"]), str(d.get("root", "")), max(1, int(d.get("calls", 1)))) for d in listed]
+            [DispatchTime(int(d["index"]), str(d["name"]), str(d.get("root", "")), _calls(d)) for d in listed]
         )
         for data, dispatch in zip(listed, result.dispatches):
             functions = [str(f) for f in data.get("benchmarks", [])]
             if not functions:
                 dispatch.note = "not timed: IREE makes no benchmark of a dispatch with dynamic sizes or operands"
                 continue
-            if int(data.get("calls", 1)) < 1:
+            if data.get("at_load"):
+                dispatch.note = AT_LOAD_NOTE
+            elif int(data.get("calls", 1)) < 1:
                 dispatch.note = "the kernel's functions do not dispatch it directly; timed once"
-            if len(functions) > 1:
+            if len(functions) > 1 and not data.get("at_load"):
                 dispatch.calls = 1
                 dispatch.note = f"dispatched with {len(functions)} workloads: each timed once"
             job_id = len(jobs)
@@ -211,6 +214,16 @@ def _benchmarks(natives: NativeCode, record: KernelRecord, target: Target, confi
         dispatch = next(d for d in found[config].dispatches if d.index == index)
         dispatch.note = f"not timed: its benchmark did not compile ({compiled.status}: {one_line(compiled.error, limit=300)})"
     return found
+
+
+#: The note of a dispatch only the module's initializer runs.
+AT_LOAD_NOTE = "runs once, when the module is loaded (its initializer): no time in a call"
+
+
+def _calls(listed: dict) -> int:
+    """How many times one call of the kernel runs a listed dispatch: 0 for one only the module's
+    initializer runs, else its places (at least 1: a dispatch whose places were not counted runs once)."""
+    return 0 if listed.get("at_load") else max(1, int(listed.get("calls", 1)))
 
 
 def _analyse(natives: NativeCode, record: KernelRecord, target: Target, options: str, pool: Pool) -> tuple[Target, Source, list[dict]]:
@@ -299,7 +312,7 @@ def benchmarked_dispatches(module) -> list[dict]:
         for export, names in _benchmark_functions(dumped).items():
             functions.setdefault(export, []).extend(names)
     return [
-        {"index": d.index, "name": d.name, "root": d.root, "calls": d.sites, "benchmarks": functions.get(d.name, [])}
+        {"index": d.index, "name": d.name, "root": d.root, "calls": d.sites, "at_load": d.at_load, "benchmarks": functions.get(d.name, [])}
         for d in found
     ]
 

@@ -27,6 +27,7 @@ RESULT, REASON, ERROR, UNTYPED = "result", "reason", "error", "untyped"
 #: Reasons by what their note says, so that a tally groups them.
 _REASON_KINDS = (
     ("left at default by the strategy", "not chosen by the strategy (a small share of the kernel)"),
+    ("when the module is loaded", "run by the module's initializer only, never in a call"),
     ("no indexing maps", "root op without indexing maps (softmax, attention, ...)"),
     ("dynamic loop ranges", "dynamic loop ranges (tuned per shape bucket)"),
     ("root ops (expected one)", "not exactly one root op"),
