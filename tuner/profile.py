@@ -302,8 +302,9 @@ def _time_wholes(natives: NativeCode, record: KernelRecord, target: Target, benc
 
 def benchmarked_dispatches(module) -> list[dict]:
     """The dispatches of a module at `executable-configurations`, in the tuner's order: index,
-    name, root op, the places the module dispatches each (`calls`) and the names of the
-    benchmark functions IREE makes for it (`benchmarks`; none where its sizes are dynamic)."""
+    name, root op, the places the module's functions dispatch each (`calls`), whether only its
+    initializer does (`at_load`) and the names of the benchmark functions IREE makes for it
+    (`benchmarks`; none where its sizes are dynamic)."""
     from portkern.tuner import analysis
 
     found = analysis.dispatches(module)
