@@ -148,14 +148,13 @@ def dispatches(module) -> list[Dispatch]:
             (_ROOT if flag else "") + _describe(op) for op, flag in zip(ops, is_root)
         )
         name = _symbol(function)
+        loaded_only = name in at_load and name not in sites
         unanalysed = Dispatch(
             index=index, name=name, family=family.name if family else "", root="", sizes=(), parallel=(),
             element_bytes=4, default=None, problem=problem, native_vector_bytes=_native_vector_bytes(target),
             gpu_target=gpu_target.target_info(target), sites=sites.get(name, 0),
-            at_load=name in at_load and name not in sites,
+            at_load=loaded_only, reason=AT_LOAD_REASON if loaded_only else "",
         )
-        if unanalysed.at_load:
-            unanalysed = replace(unanalysed, reason=AT_LOAD_REASON)
         if family is None:
             found.append(replace(unanalysed, reason="no lowering config of a family the tuner knows"))
             continue
