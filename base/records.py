@@ -11,9 +11,10 @@ from `data` takes its default, unknown keys are ignored, and values are not chec
 A field may say how it is written with `field(metadata=wire(...))`: another key (`name`), when it is
 left out (`omit`), and how its value is written or read (`encode`, `decode`).
 
-`@frozen_record` declares an immutable record: `dataclasses.dataclass(frozen=True)`, whose `__repr__`,
-`__eq__` and `__hash__` are the same field-wise methods for every record instead of source that
-dataclasses generates and compiles for each class (every process defines the records it imports).
+`@frozen_record` declares an immutable record that behaves as `dataclasses.dataclass(frozen=True)`:
+its `__repr__`, `__eq__`, `__hash__`, `__setattr__` and `__delattr__` are the same methods for every
+record instead of source that dataclasses generates and compiles for each class (every process
+defines the records it imports); only `__init__` is made per class.
 """
 
 from __future__ import annotations
@@ -42,19 +43,26 @@ def frozen_record(cls: type[R], /) -> type[R]: ...
 @overload
 def frozen_record(*, kw_only: bool = ..., slots: bool = ..., order: bool = ..., unsafe_hash: bool = ...) -> Callable[[type[R]], type[R]]: ...
 def frozen_record(cls: type[R] | None = None, /, **options: Any) -> Any:
-    """`dataclasses.dataclass(cls, frozen=True, **options)`, with `__repr__`, `__eq__` and `__hash__`
-    that behave as dataclasses' own (the class name and the `repr` fields; equal when of the same class
-    with equal `compare` fields; the hash of the hashed fields), shared by every record. A method the
-    class defines itself is kept; `order` or `unsafe_hash` among `options` leaves all three to dataclasses."""
+    """A record class that behaves as `dataclasses.dataclass(cls, frozen=True, **options)`, with
+    `__repr__`, `__eq__` and `__hash__` as dataclasses' own (the class name and the `repr` fields; equal
+    when of the same class with equal `compare` fields; the hash of the hashed fields) and the frozen
+    guards (`FrozenInstanceError` on assigning or deleting an attribute once `__init__` has set it),
+    shared by every record. A method the class defines itself is kept; `order`, `unsafe_hash` or
+    `slots` among `options`, or a class that defines `__setattr__` or `__delattr__`, leaves them all
+    to dataclasses."""
 
     def make(c: type[R]) -> type[R]:
-        if options.get("order") or options.get("unsafe_hash"):
+        own = c.__dict__
+        if options.get("order") or options.get("unsafe_hash") or options.get("slots") or "__setattr__" in own or "__delattr__" in own:
             return dataclasses.dataclass(c, frozen=True, **options)
         rest = dict(options)
         shown, compared = rest.pop("repr", True), rest.pop("eq", True)
-        own = c.__dict__
         explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
-        made = dataclasses.dataclass(c, frozen=True, repr=False, eq=False, **rest)
+        # Not frozen to dataclasses, so its __init__ assigns each field once through the guard below
+        # (dataclasses would compile a __setattr__ and a __delattr__ for each class).
+        made = dataclasses.dataclass(c, repr=False, eq=False, **rest)
+        made.__setattr__ = _assign_once  # type: ignore[method-assign]
+        made.__delattr__ = _no_delete  # type: ignore[method-assign]
         if shown and "__repr__" not in own:
             made.__repr__ = _record_repr  # type: ignore[method-assign]
         if compared:
@@ -65,6 +73,25 @@ def frozen_record(cls: type[R] | None = None, /, **options: Any) -> Any:
         return made
 
     return make if cls is None else make(cls)
+
+
+#: Per record class: the fields its `__init__` sets (the only attributes `_assign_once` lets be set).
+_INIT_FIELDS: dict[type, frozenset[str]] = {}
+
+
+def _assign_once(self: Any, name: str, value: Any) -> None:
+    """A record's `__setattr__`: each field `__init__` takes is set once (by `__init__`); nothing else is set."""
+    cls = self.__class__
+    settable = _INIT_FIELDS.get(cls)
+    if settable is None:
+        settable = _INIT_FIELDS[cls] = frozenset(f.name for f in dataclasses.fields(cls) if f.init)
+    if name not in settable or name in self.__dict__:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+    object.__setattr__(self, name, value)
+
+
+def _no_delete(self: Any, name: str) -> None:
+    raise dataclasses.FrozenInstanceError(f"cannot delete field {name!r}")
 
 
 #: The values of some of an object's attributes, as a tuple.

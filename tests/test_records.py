@@ -94,19 +94,31 @@ def _twins(**options):
 def test_frozen_records_behave_as_frozen_dataclasses(options):
     """`frozen_record`: repr, equality, hashing, immutability and the dataclass API as
     `dataclass(frozen=True)` gives them."""
+    import copy
     import dataclasses
 
     ours, theirs = _twins(**options)
     values = [dict(a=1, b="q", skipped=(1,), hidden=2, unhashed=3), dict(a=1, b="q", skipped=(), hidden=2, unhashed=3),
               dict(a=1, b="q", hidden=2, unhashed=4), dict(a=2), dict(a=1, hidden=5)]
     made = [(ours(**v), theirs(**v)) for v in values]
+    # (Python 3.10-3.11's dataclasses raise TypeError on adding an attribute to a frozen record with slots.)
+    added_error = (dataclasses.FrozenInstanceError, TypeError) if options.get("slots") else dataclasses.FrozenInstanceError
     for x, tx in made:
         assert repr(x) == repr(tx)
         assert hash(x) == hash(tx)
         assert dataclasses.is_dataclass(x) and dataclasses.asdict(x) == dataclasses.asdict(tx)
         assert dataclasses.replace(x, a=7).a == 7
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            x.a = 9
+        for record in (x, tx):  # the frozen guards alike: no field set again, nothing added or deleted
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                record.a = 9
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                record.unhashed = 9  # (a field holding its default)
+            with pytest.raises(added_error):
+                record.other = 1
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                del record.a
+        assert (x.a, x.b) == (tx.a, tx.b)
+        assert copy.copy(x) == x and copy.deepcopy(x) == x and dataclasses.replace(x) == x
         for y, ty in made:
             assert (x == y) == (tx == ty) and (x != y) == (tx != ty)
         assert x != tx and (x == 1) is False  # another class, another type: never equal
@@ -135,3 +147,30 @@ def test_frozen_records_keep_the_methods_a_class_defines():
 
     assert Named("a", 1) == Named("a", 2) and repr(Named("a")) == "<a>"
     assert hash(Named("a", 1)) == hash(Twin("a", 1))  # dataclasses hashes every field where the class gives only __eq__
+
+
+def test_frozen_records_inherit_and_set_their_own_derived_fields():
+    """A record that extends another, and one whose `__post_init__` fills a field `__init__` does
+    not take, stay frozen as `dataclass(frozen=True)` records do."""
+    import dataclasses
+
+    @frozen_record
+    class Base:
+        name: str
+        size: int = 0
+
+    @frozen_record
+    class Sized(Base):
+        unit: str = "B"
+        label: str = field(init=False, default="")
+
+        def __post_init__(self):
+            object.__setattr__(self, "label", f"{self.name}:{self.size}{self.unit}")
+
+    made = Sized("a", 2)
+    assert (made.name, made.size, made.unit, made.label) == ("a", 2, "B", "a:2B")
+    assert made == Sized("a", 2) and made != Sized("a", 3) and hash(made) == hash(Sized("a", 2))
+    for name in ("name", "unit", "label"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(made, name, "x")
+    assert dataclasses.replace(made, size=5).label == "a:5B"
