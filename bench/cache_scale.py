@@ -26,12 +26,13 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
+
+from children import python_report
 
 from portkern.cache.config import CacheConfig
 from portkern.cache.device import DeviceFingerprint
@@ -109,8 +110,7 @@ def measure(size: int, repeat: int, tmp: Path) -> dict:
     store.close()
     lookups = []
     for key in keys[:repeat]:
-        done = subprocess.run([sys.executable, "-c", CHILD, str(directory), key], capture_output=True, text=True, check=True)
-        lookups.append(json.loads(done.stdout.strip().splitlines()[-1])["lookup_s"])
+        lookups.append(python_report(CHILD, str(directory), key)["lookup_s"])
     row["fresh_lookup_ms"] = statistics.median(lookups) * 1e3
     store = Store(CacheConfig(directory, 1 << 40, False))
     start = time.perf_counter()

@@ -44,13 +44,13 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 import time
 from pathlib import Path
 
+from children import environment, python_report
 from gemms import manifest_lines, write_gemms
 from whole_process import GOAL_RATIO, at_goal, median_row, part_at, portkern_process, print_table, source_process
 
@@ -121,14 +121,8 @@ CHILD = textwrap.dedent(
 
 
 def child(bundle: Path, name: str, mode: str, calls: int, shape: tuple[int, int, int], source: Path, cache: Path) -> dict:
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(bundle), name, mode, str(calls), *map(str, shape), str(source)],
-        env=env, capture_output=True, text=True, timeout=1200,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"{mode} run of {name} failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    args = (str(bundle), name, mode, str(calls), *map(str, shape), str(source))
+    return python_report(CHILD, *args, env=environment(cache), timeout=1200, what=f"the {mode} run of {name}")
 
 
 def main() -> int:

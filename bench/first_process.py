@@ -27,6 +27,8 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from children import environment, python_report
+
 from portkern.examples import MANIFEST
 from portkern.portable.builder import build_file
 
@@ -54,9 +56,7 @@ CHILD = textwrap.dedent(
 
 
 def child(bundle: Path, name: str, cache_dir: Path) -> dict:
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(bundle), name], env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return python_report(CHILD, str(bundle), name, env=environment(cache_dir))
 
 
 def cli(cache_dir: Path, *args: str) -> None:

@@ -30,6 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from children import environment
 from warm_start import CHILD
 
 from portkern.base import signing
@@ -51,9 +52,7 @@ FLEET_CHILD = CHILD + "print(json.dumps({'model_signing': 'model_signing' in sys
 def measure(bundle: Path, name: str, cache_dir: Path) -> dict:
     """warm_start's measurement of one kernel in a fresh process, and `model_signing`: whether
     that process imported model-signing."""
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    done = subprocess.run([sys.executable, "-c", FLEET_CHILD, str(bundle), name], env=env, capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-c", FLEET_CHILD, str(bundle), name], env=environment(cache_dir), capture_output=True, text=True, check=True)
     timed, imported = done.stdout.strip().splitlines()[-2:]
     return {**json.loads(timed), **json.loads(imported)}
 

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+from children import environment, python_report
 
 from portkern.portable.builder import build_file
 
@@ -93,18 +93,6 @@ LARGE = textwrap.dedent(
 LARGE_FLOP = 2 * 2048**3
 
 
-def environment(cache: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "PORTKERN_EXECUTOR_MIN_BYTES")}
-    env["PORTKERN_CACHE_DIR"] = str(cache)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    return env
-
-
-def last_json(argv: list[str], env: dict[str, str]) -> dict:
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"a measured process failed (exit {done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def tune(bundle: Path, strategy: str, env: dict[str, str]) -> dict:
@@ -118,7 +106,7 @@ def tune(bundle: Path, strategy: str, env: dict[str, str]) -> dict:
         "tuning = k.tuning\n"
         "print(json.dumps({'config': k.config, 'seconds': seconds, 'note': tuning.note if tuning else ''}))\n"
     )
-    return last_json([sys.executable, "-c", code, str(bundle), strategy], env)
+    return python_report(code, str(bundle), strategy, env=env)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         (work / f"{NAME}.mlir").write_text((ROOT / "examples" / f"{NAME}.mlir").read_text())
         (work / "manifest.yaml").write_text(f"bundle: gemm\nkernels:\n  - name: {NAME}\n    source: {NAME}.mlir\n")
-        env = environment(work / "cache")
+        env = environment(work / "cache", unset=("PORTKERN_EXECUTOR_MIN_BYTES",))
         build_file(work / "manifest.yaml", work / "g.pkb")
         tuned = tune(work / "g.pkb", args.tune, env)
         own: dict[str, list[float]] = {"numpy": [], "portkern": []}
@@ -141,14 +129,14 @@ def main(argv: list[str] | None = None) -> int:
         large = []
         for i in range(args.processes):
             for side in ("numpy", "portkern"):
-                found = last_json([sys.executable, "-c", CHILD, side, str(args.rounds), str(work / "g.pkb")], env)
+                found = python_report(CHILD, side, str(args.rounds), str(work / "g.pkb"), env=env)
                 own[side].append(found[side])
                 errors[side] = max(errors.get(side, 0.0), found["error"][side])
             order = "numpy,portkern" if i % 2 == 0 else "portkern,numpy"
-            found = last_json([sys.executable, "-c", CHILD, order, str(args.rounds), str(work / "g.pkb")], env)
+            found = python_report(CHILD, order, str(args.rounds), str(work / "g.pkb"), env=env)
             for side in shared:
                 shared[side].append(found[side])
-            large.append(last_json([sys.executable, "-c", LARGE, "5"], env)["seconds"])
+            large.append(python_report(LARGE, "5", env=env)["seconds"])
     figures = {
         "shape": [M, K, N],
         "tuned": tuned,

@@ -28,10 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import textwrap
 import time
@@ -39,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from children import environment
+from children import python_report as child
 
 from portkern.cache.repair import PARAMETERS
 from portkern.examples.large_mlp import reference, weight_bytes, write_mlp
@@ -144,13 +143,6 @@ CHILD_BUILD = textwrap.dedent(
 )
 
 
-def child(code: str, *args: str, env: dict | None = None) -> dict:
-    done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
-    if done.returncode:
-        raise SystemExit(f"child failed: {done.stderr.strip()[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
-
 def fixed_build_memory(workdir: Path) -> int:
     """Peak memory of building a model of 1.3 MiB: what a build costs whatever the weights
     (Python, the IREE compiler's libraries, the ONNX importer)."""
@@ -201,8 +193,7 @@ def prepare(label: str, workdir: Path, keep: bool) -> Size:
     if not keep:
         for name in ("m.onnx", "m.onnx.data"):
             (where / name).unlink(missing_ok=True)
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(where / "cache")}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env = environment(where / "cache")
     return Size(label, widths, where, weights, external, largest, generate_s, build, env)
 
 
@@ -226,8 +217,7 @@ def finish(size: Size, fixed: int, keep: bool) -> dict:
     for name in [where / "m.pkb", *(where / "cache").glob(f"*/{PARAMETERS}/*.pkb")]:  # the bundle and the copy mapped
         read_through(name)
     warm = child(CHILD_RUN, *size.args, str(where / "warm.npy"), "keep", env=env)
-    numpy_env = {k: v for k, v in env.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    numpy_pass = child(CHILD_NUMPY, str(where / "m.pkb"), json.dumps(widths), env=numpy_env)
+    numpy_pass = child(CHILD_NUMPY, str(where / "m.pkb"), json.dumps(widths), env=env)
     disk = child(CHILD_RUN, *size.args, str(where / "disk.npy"), "evict", env=env)
     x = np.random.default_rng(1).standard_normal((BATCH, widths[0]), dtype=np.float32)
     expected = reference(x, widths, SEED)

@@ -14,11 +14,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+from children import environment, python_report
 
 from portkern.examples import MANIFEST
 
@@ -39,11 +38,7 @@ print(json.dumps({"seconds": seconds, "origin": rep.bundle_origin}))
 
 
 def prepare_in_fresh_process(model: Path, cache: Path) -> dict:
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
-    done = subprocess.run([sys.executable, "-c", CHILD, str(model)], capture_output=True, text=True, env=env, timeout=1800)
-    if done.returncode != 0:
-        raise SystemExit(f"prepare failed: {done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return python_report(CHILD, str(model), env=environment(cache), what="prepare")
 
 
 def main() -> None:

@@ -23,14 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from children import environment, report
 
 
 def worker(bundle_path: str, name: str) -> None:
@@ -57,15 +57,11 @@ def worker(bundle_path: str, name: str) -> None:
 
 def sample(bundle: Path, name: str, cache: Path) -> dict:
     pocl = Path(tempfile.mkdtemp(prefix="bench-pocl-"))
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache), "POCL_KERNEL_CACHE": "0", "POCL_CACHE_DIR": str(pocl)}
-    env.pop("PORTKERN_CACHE_DISABLE", None)
+    env = {**environment(cache, unset=("PORTKERN_CACHE_DISABLE",)), "POCL_KERNEL_CACHE": "0", "POCL_CACHE_DIR": str(pocl)}
     try:
-        done = subprocess.run([sys.executable, __file__, "--worker", str(bundle), name], env=env, capture_output=True, text=True, timeout=600)
+        return report([sys.executable, __file__, "--worker", str(bundle), name], env=env, timeout=600, what=f"the worker for {name}")
     finally:
         shutil.rmtree(pocl, ignore_errors=True)
-    if done.returncode != 0:
-        raise SystemExit(f"worker for {name} failed:\n{done.stderr}")
-    return json.loads(done.stdout)
 
 
 def main() -> int:

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
 import tempfile
 import textwrap
 from pathlib import Path
+
+from children import environment, python_report
 
 CHILD = textwrap.dedent(
     """
@@ -80,13 +79,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="portkern-torch-bench-") as tmp:
         manifest = export_all(Path(tmp))
         build_file(manifest, Path(tmp) / "torch.pkb")
-        env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-        env["PORTKERN_CACHE_DIR"] = str(Path(tmp) / "cache")
-        done = subprocess.run([sys.executable, "-c", CHILD, str(Path(tmp) / "torch.pkb"), str(args.rounds), str(args.runs)],
-                              capture_output=True, text=True, env=env)
-        if done.returncode:
-            raise SystemExit(f"child failed: {done.stderr.strip()[-2000:]}")
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result = python_report(CHILD, str(Path(tmp) / "torch.pkb"), str(args.rounds), str(args.runs), env=environment(Path(tmp) / "cache"))
     if args.json:
         print(json.dumps(result, indent=2))
         return

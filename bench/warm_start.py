@@ -41,6 +41,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
+from children import environment, last_json, python_report
 from gemms import manifest_lines, write_gemms
 from whole_process import GOAL_RATIO, at_goal, median_row, part_at, portkern_process, print_table, source_process
 
@@ -109,12 +110,7 @@ SPLIT_CHILD = textwrap.dedent(
 
 
 def measure(bundle: Path, name: str, cache_dir: Path) -> dict:
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
-    # Python's default: compiled modules are cached as .pyc (some sandboxes turn that off,
-    # which makes every lazily imported module count as compile time).
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    done = subprocess.run([sys.executable, "-c", CHILD, str(bundle), name], env=env, capture_output=True, text=True, check=True)
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return python_report(CHILD, str(bundle), name, env=environment(cache_dir))
 
 
 def main() -> int:
@@ -222,8 +218,7 @@ def split(args: argparse.Namespace) -> int:
         if not fill_cache(bundle, names, cache):
             print("FAILED: the cache could not be filled")
             return 1
-        env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
-        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env = environment(cache)
         argv = [sys.executable, "-X", "importtime", "-c", SPLIT_CHILD, str(bundle), ",".join(names), json.dumps(shapes)]
         subprocess.run(argv, env=env, capture_output=True, check=True)  # (the modules' .pyc written)
         firsts: list[float] = []
@@ -231,13 +226,13 @@ def split(args: argparse.Namespace) -> int:
         records: list[tuple[int, float]] = []
         for _ in range(repeat):
             done = subprocess.run(argv, env=env, capture_output=True, text=True, check=True)
-            report = json.loads(done.stdout.strip().splitlines()[-1])
+            report = last_json(done.stdout)
             if not report["ok"]:
                 print("FAILED: a result was wrong")
                 return 1
             firsts.append(report["first_s"] * 1e3)
             counted = subprocess.run([sys.executable, "-c", SPLIT_CHILD, *argv[5:], "records"], env=env, capture_output=True, text=True, check=True)
-            made = json.loads(counted.stdout.strip().splitlines()[-1])["records"]
+            made = last_json(counted.stdout)["records"]
             records.append((len(made), sum(seconds for seconds, _ in made) * 1e3))
             for module, self_us in imported_after(done.stderr, "portkern"):
                 selves.setdefault(module, []).append(self_us / 1e3)

@@ -35,6 +35,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from children import last_json
+
 PORTKERN_CHILD = textwrap.dedent(
     """
     import time
@@ -112,7 +114,7 @@ def run(argv: list[str], env: dict[str, str]) -> dict:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # this child and the processes it waited for
     if process.returncode != 0:
         raise SystemExit(f"a measured process failed (exit {process.returncode}): {stderr[-2000:]}")
-    report = json.loads(stdout.strip().splitlines()[-1])
+    report = last_json(stdout)
     report["whole_s"] = whole
     report["python_s"] = report["began"] - spawned
     report["numpy_s"] = report["numpy_at"] - report["began"]
