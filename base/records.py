@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
 import types
 import typing
 from collections.abc import Mapping, Sequence, Sized
@@ -199,7 +200,7 @@ def from_plain(cls: type[R], data: Any) -> R:
         elif type(value) in _SCALARS:  # (what `typed` gives back as it is, whatever the hint)
             values[name] = value
         else:
-            values[name] = _converters(cls)[name](value)
+            values[name] = _field_converter(cls, name)(value)
     return cls(**values)
 
 
@@ -233,14 +234,16 @@ def _plan(cls: type) -> tuple[_Field, ...]:
     return plan
 
 
-def _converters(cls: type) -> dict[str, Callable[[Any], Any]]:
-    """Per field of `cls`, `typed` of its type hint (the hints are evaluated when a record first
-    holds a value that is not a scalar)."""
+def _field_converter(cls: type, name: str) -> Callable[[Any], Any]:
+    """`typed` of the type hint of the field `name` of `cls` (the hint is evaluated when the field
+    first holds a value that is not a scalar)."""
     found = _CONVERTERS.get(cls)
     if found is None:
-        hints = _hints(cls)
-        found = _CONVERTERS[cls] = {name: _converter(hints[name]) for name, _, _, decode in _plan(cls) if decode is None}
-    return found
+        found = _CONVERTERS[cls] = {}
+    convert = found.get(name)
+    if convert is None:
+        convert = found[name] = _converter(_hint(cls, name))
+    return convert
 
 
 def _converter(hint: Any) -> Callable[[Any], Any]:
@@ -328,10 +331,13 @@ def _holds_default(f: dataclasses.Field[Any], value: Any) -> bool:
     return bool(value == default)
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls)
-    return _HINTS[cls]
+def _hint(cls: type, name: str) -> Any:
+    """The type hint of the field `name` of `cls`, evaluated where the class that declares it was
+    defined (as `typing.get_type_hints(cls)[name]`, without evaluating the other fields' hints)."""
+    for declaring in cls.__mro__:
+        annotations = declaring.__dict__.get("__annotations__", {})
+        if name in annotations:
+            one = types.SimpleNamespace(__annotations__={name: annotations[name]})
+            module = sys.modules[declaring.__module__]
+            return typing.get_type_hints(one, globalns=vars(module), localns=dict(vars(declaring)))[name]
+    return Any
