@@ -30,6 +30,16 @@ def brief(text: object, lines: int | None = 1, *, last: bool = False, limit: int
     return sep.join(found)[:limit]
 
 
+def printable(value: object) -> str:
+    """`value` as text that cannot steer a terminal: control and format characters (a
+    right-to-left override, a zero-width joiner, an escape, a newline) and line or paragraph
+    separators are written as `\\uXXXX`; a tab (indentation a message may quote) is kept."""
+    text = str(value)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch in " \t" else f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}" for ch in text)
+
+
 def one_line(text: object, limit: int | None = None) -> str:
     """Every distinct non-empty line of a message joined by spaces, cut at `limit` characters."""
     return brief(text, None, sep=" ", limit=limit)

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from portkern.base.errors import IncompatibleProducerError
+from portkern.base.errors import IncompatibleProducerError, printable
 from portkern.base.records import from_plain, frozen_record, to_plain
 
 
@@ -114,7 +114,7 @@ def check_release(producer: Producer, kernel: str = "") -> None:
     installed = installed_compiler()
     if release_of(producer.version) != installed.release:
         raise IncompatibleProducerError(
-            f"{where}built with IREE {producer.version}, but IREE {installed.version} is installed; "
+            f"{where}built with IREE {printable(producer.version)}, but IREE {installed.version} is installed; "
             f"IREE's dialects are not versioned, so rebuild the bundle with IREE "
             f"{'.'.join(map(str, installed.release))}.x or install iree-base-compiler=="
             f"{'.'.join(map(str, release_of(producer.version)))}.*"

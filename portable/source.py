@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from portkern.base.errors import BuildError, IncompatibleProducerError
+from portkern.base.errors import BuildError, IncompatibleProducerError, printable
 from portkern.portable.bundle import SOURCE_PHASE, Bundle, KernelRecord, Stage, sha256
 from portkern.portable.parameters import referenced
 from portkern.portable.producer import installed_compiler, same_release
@@ -148,7 +148,7 @@ def foreign_release(bundle: Bundle) -> str:
         for stage in record.stages:
             if stage.format == "mlir-bytecode" and not same_release(stage.producer):
                 compiler = "IREE" if stage.producer.compiler == "iree" else repr(stage.producer.compiler)
-                return f"{compiler} {stage.producer.version}"
+                return f"{compiler} {printable(stage.producer.version)}"
     return ""
 
 
@@ -162,7 +162,7 @@ def fitted_phase(stage: Stage) -> str:
 def describe(stage: Stage) -> str:
     """What a stage is, for people: `any/flow`, `amdgpu/executable-sources`, `source (built with IREE 3.12.0)`."""
     if stage.is_source:
-        return f"source (built with IREE {stage.producer.version})"
+        return f"source (built with IREE {printable(stage.producer.version)})"
     return f"{stage.family}/{stage.phase}"
 
 
@@ -237,6 +237,6 @@ def uncompilable(stage: Stage, name: str, text: bytes, message: str) -> Incompat
 def unreadable(stage: Stage, name: str, why: str) -> IncompatibleProducerError:
     """The error for a source stage this IREE release cannot read: both releases named."""
     return IncompatibleProducerError(
-        f"kernel {name!r}: its source stage ({stage.format}, from a bundle built with IREE {stage.producer.version}) "
+        f"kernel {name!r}: its source stage ({stage.format}, from a bundle built with IREE {printable(stage.producer.version)}) "
         f"cannot be read by the installed IREE {installed_compiler().version}: {why}"
     )

@@ -22,7 +22,7 @@ from portkern.portable.builder import build_file
 from portkern.portable.bundle import read_bundle
 from portkern.portable.onnx_layout import transpose_matmul_weights
 from portkern.portable.onnx_parameters import ELEMENTS_THRESHOLD
-from portkern.portable.producer import installed_compiler
+from portkern.portable.producer import Producer, check_release, installed_compiler
 from portkern.portable.source import MLIR_TEXT, ONNX_PROTOBUF, PARAMETER_LOCATION, CompatibilityWarning
 
 OTHER = "3.12.0"
@@ -110,6 +110,28 @@ def test_a_no_source_bundle_is_refused_across_releases(tmp_path):
     assert kernels and all(record.source_stage() is None for record in kernels)
     with pytest.raises(IncompatibleProducerError, match=f"built with IREE {OTHER}, but IREE {installed_compiler().version}"):
         portkern.load(reseal(built, tmp_path / "plain-foreign.pkb", OTHER))
+
+
+#: A release name that would steer a terminal shown as it is: a right-to-left override, then an
+#: escape sequence that clears the screen; and how messages write it.
+STEERING, STEERING_SHOWN = "3.12.0\u202e\x1b[2J", "3.12.0\\u202e\\u001b[2J"
+
+
+def test_a_release_name_that_could_steer_a_terminal_is_written_escaped(examples_bundle, tmp_path, store, rng):
+    """A bundle's producer version is the bundle's text: the warning, the kernel's stage and the
+    refusals that name it write its control and format characters escaped."""
+    with pytest.warns(CompatibilityWarning) as caught:
+        bundle = portkern.load(reseal(examples_bundle, tmp_path / "steering.pkb", STEERING), store=store)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, CompatibilityWarning)]
+    assert f"built with IREE {STEERING_SHOWN}, IREE {installed_compiler().version} is installed" in message
+    kernel = bundle.kernel("gemm_bias_relu")
+    assert kernel.stage == f"source (built with IREE {STEERING_SHOWN})"
+    assert_example(kernel, rng, "gemm_bias_relu")
+    with pytest.raises(IncompatibleProducerError) as refusal:
+        check_release(Producer("iree", STEERING))
+    assert f"built with IREE {STEERING_SHOWN}, but IREE" in str(refusal.value)
+    for text in (message, kernel.stage, str(refusal.value)):
+        assert "\u202e" not in text and "\x1b" not in text
 
 
 def refused(path: Path, store, name: str, why: str):

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from portkern.base.errors import PortkernError, UsageError, brief
+from portkern.base.errors import PortkernError, UsageError, brief, printable
 
 #: Version of the `--json` output of `build`, `check`, `finalize`, `run` and `tune` (its `json_format` field);
 #: raised when a field changes meaning or goes away.
@@ -65,16 +65,6 @@ def emit(report: Report, as_json: bool) -> int:
     elif report.render is not None:
         report.render(console())
     return report.status
-
-
-def printable(value: object) -> str:
-    """`value` as text that cannot steer a terminal: control and format characters (a
-    right-to-left override, a zero-width joiner, an escape, a newline) and line or paragraph
-    separators are written as `\\uXXXX`; a tab (indentation a message may quote) is kept."""
-    text = str(value)
-    if text.isprintable():
-        return text
-    return "".join(ch if ch.isprintable() or ch in " \t" else f"\\u{ord(ch):04x}" if ord(ch) <= 0xFFFF else f"\\U{ord(ch):08x}" for ch in text)
 
 
 def shown(value: object) -> str:
