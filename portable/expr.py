@@ -20,7 +20,7 @@ import operator
 from dataclasses import field
 from typing import Callable, Mapping, Sequence, cast
 
-from portkern.base.errors import LaunchSpecError
+from portkern.base.errors import LaunchSpecError, printable
 from portkern.base.records import frozen_record
 
 MAX_TEXT = 256
@@ -106,17 +106,17 @@ def parse(text: str | int, *, condition: bool = False) -> Expr:
         hint = ""
         if source.count("(") != source.count(")"):
             hint = '; YAML splits an unquoted list item at its commas: quote the whole expression, e.g. ["round_up(n, 64)"]'
-        raise LaunchSpecError(f"`{source}` is not a valid expression ({exc.msg}){hint}") from None
+        raise LaunchSpecError(f"`{printable(source)}` is not a valid expression ({exc.msg}){hint}") from None
     nodes = sum(1 for _ in ast.walk(tree))
     if nodes > MAX_NODES:
-        raise LaunchSpecError(f"`{source}` is too complex ({nodes} nodes; at most {MAX_NODES})")
+        raise LaunchSpecError(f"`{printable(source)}` is too complex ({nodes} nodes; at most {MAX_NODES})")
     if condition:
         if not isinstance(tree, ast.Compare):
-            raise LaunchSpecError(f"`{source}` is not a comparison (use ==, !=, <, <=, > or >=)")
+            raise LaunchSpecError(f"`{printable(source)}` is not a comparison (use ==, !=, <, <=, > or >=)")
         operands = [tree.left, *tree.comparators]
         for op in tree.ops:
             if type(op) not in _COMPARE:
-                raise LaunchSpecError(f"`{source}`: comparison {type(op).__name__} is not allowed")
+                raise LaunchSpecError(f"`{printable(source)}`: comparison {type(op).__name__} is not allowed")
     else:
         operands = [tree]
     symbols: set[str] = set()
@@ -129,12 +129,12 @@ def parse(text: str | int, *, condition: bool = False) -> Expr:
 def _check(node: ast.AST, source: str, symbols: set[str], dims: set[tuple[str, int]]) -> None:
     if isinstance(node, ast.Constant):
         if type(node.value) is not int:
-            raise LaunchSpecError(f"`{source}`: only integer literals are allowed, not {node.value!r}")
+            raise LaunchSpecError(f"`{printable(source)}`: only integer literals are allowed, not {node.value!r}")
         if abs(node.value) > LIMIT:
-            raise LaunchSpecError(f"`{source}`: literal {node.value} is too large")
+            raise LaunchSpecError(f"`{printable(source)}`: literal {node.value} is too large")
     elif isinstance(node, ast.Name):
         if node.id in _FUNCTIONS:
-            raise LaunchSpecError(f"`{source}`: {node.id} is a function; call it")
+            raise LaunchSpecError(f"`{printable(source)}`: {node.id} is a function; call it")
         symbols.add(node.id)
     elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
         _check(node.left, source, symbols, dims)
@@ -144,17 +144,17 @@ def _check(node: ast.AST, source: str, symbols: set[str], dims: set[tuple[str, i
     elif isinstance(node, ast.Call):
         name = node.func.id if isinstance(node.func, ast.Name) else None
         if name not in _FUNCTIONS:
-            raise LaunchSpecError(f"`{source}`: unknown function (allowed: {', '.join(_FUNCTIONS)})")
+            raise LaunchSpecError(f"`{printable(source)}`: unknown function (allowed: {', '.join(_FUNCTIONS)})")
         _, least, most = _FUNCTIONS[name]
         if node.keywords or not least <= len(node.args) <= most or any(isinstance(a, ast.Starred) for a in node.args):
-            raise LaunchSpecError(f"`{source}`: {name}() takes {least}{'' if least == most else f' to {most}'} plain arguments")
+            raise LaunchSpecError(f"`{printable(source)}`: {name}() takes {least}{'' if least == most else f' to {most}'} plain arguments")
         for arg in node.args:
             _check(arg, source, symbols, dims)
     elif _is_dim(node):
         dims.add((node.value.value.id, node.slice.value))  # type: ignore[attr-defined]
     else:
         raise LaunchSpecError(
-            f"`{source}`: {type(node).__name__} is not allowed "
+            f"`{printable(source)}`: {type(node).__name__} is not allowed "
             "(use integers, names, ARG.shape[i], + - * // %, min, max, ceil_div, round_up)"
         )
 
@@ -185,13 +185,13 @@ def _evaluate(node: ast.AST, symbols: Mapping[str, int], shapes: Mapping[str, Se
         return cast(int, node.value)  # `_check` admits no other constant
     if isinstance(node, ast.Name):
         if node.id not in symbols:
-            raise LaunchSpecError(f"`{source}`: {node.id} has no value")
+            raise LaunchSpecError(f"`{printable(source)}`: {node.id} has no value")
         return _bounded(int(symbols[node.id]), source)
     if isinstance(node, ast.Subscript):
         arg, axis = node.value.value.id, node.slice.value  # type: ignore[attr-defined]
         shape = shapes.get(arg)
         if shape is None or axis >= len(shape):
-            raise LaunchSpecError(f"`{source}`: {arg}.shape[{axis}] has no value")
+            raise LaunchSpecError(f"`{printable(source)}`: {arg}.shape[{axis}] has no value")
         return _bounded(int(shape[axis]), source)
     if isinstance(node, ast.UnaryOp):
         value = _evaluate(node.operand, symbols, shapes, source)
@@ -200,16 +200,16 @@ def _evaluate(node: ast.AST, symbols: Mapping[str, int], shapes: Mapping[str, Se
         left = _evaluate(node.left, symbols, shapes, source)
         right = _evaluate(node.right, symbols, shapes, source)
         if isinstance(node.op, (ast.FloorDiv, ast.Mod)) and right == 0:
-            raise LaunchSpecError(f"`{source}`: division by zero")
+            raise LaunchSpecError(f"`{printable(source)}`: division by zero")
         return _bounded(_BINARY[type(node.op)](left, right), source)
     function = _FUNCTIONS[node.func.id][0]  # type: ignore[attr-defined]
     args = [_evaluate(a, symbols, shapes, source) for a in node.args]  # type: ignore[attr-defined]
     if function is not min and function is not max and args[1] == 0:
-        raise LaunchSpecError(f"`{source}`: division by zero")
+        raise LaunchSpecError(f"`{printable(source)}`: division by zero")
     return _bounded(function(*args), source)
 
 
 def _bounded(value: int, source: str) -> int:
     if abs(value) > LIMIT:
-        raise LaunchSpecError(f"`{source}`: value out of range")
+        raise LaunchSpecError(f"`{printable(source)}`: value out of range")
     return value

@@ -75,6 +75,17 @@ def test_unsafe_or_malformed_expressions_are_refused(text, message):
         expr.parse(text)
 
 
+@pytest.mark.parametrize("text", ["n \u202e+ 1", "'\u202e\x1b[2J'", "n +\x1b[2J"])
+def test_a_refused_expression_is_written_escaped(text):
+    """An expression is a bundle's or a manifest's text: the refusal quotes it with its control and
+    format characters (a right-to-left override, an escape) written as `\\uXXXX`."""
+    with pytest.raises(LaunchSpecError) as refused:
+        expr.parse(text)
+    message = str(refused.value)
+    assert text.replace("\u202e", "\\u202e").replace("\x1b", "\\u001b") in message
+    assert "\u202e" not in message and "\x1b" not in message
+
+
 def test_conditions_must_compare():
     with pytest.raises(LaunchSpecError, match="not a comparison"):
         expr.parse("K % 16", condition=True)
