@@ -93,8 +93,6 @@ LARGE = textwrap.dedent(
 LARGE_FLOP = 2 * 2048**3
 
 
-
-
 def tune(bundle: Path, strategy: str, env: dict[str, str]) -> dict:
     """The kernel tuned into the cache in a child process: its config, where its calls run, the tuning time."""
     code = (

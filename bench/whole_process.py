@@ -26,7 +26,6 @@ GOAL_RATIO of the source process, the rest of its process as measured (`part_at`
 from __future__ import annotations
 
 import json
-import os
 import resource
 import statistics
 import subprocess
@@ -35,7 +34,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from children import last_json
+from children import environment, last_json
 
 PORTKERN_CHILD = textwrap.dedent(
     """
@@ -103,9 +102,8 @@ GOAL_RATIO = 0.25
 
 
 def run(argv: list[str], env: dict[str, str]) -> dict:
-    """One fresh process: its report, with `whole_s` (spawn to exit), `cpu_s` and each part's seconds."""
-    env = {**env}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)  # users' processes read and write .pyc files
+    """One fresh process in `env` (`children.environment`): its report, with `whole_s` (spawn to
+    exit), `cpu_s` and each part's seconds."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     spawned = time.perf_counter()
     process = subprocess.Popen([sys.executable, "-c", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -125,14 +123,13 @@ def run(argv: list[str], env: dict[str, str]) -> dict:
 
 
 def portkern_process(bundle: Path, names: list[str], shapes: dict, cache: Path) -> dict:
-    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
-    return run([PORTKERN_CHILD, str(bundle), ",".join(names), json.dumps({n: shapes[n] for n in names})], env)
+    return run([PORTKERN_CHILD, str(bundle), ",".join(names), json.dumps({n: shapes[n] for n in names})], environment(cache))
 
 
 def source_process(source: Path, name: str, shape) -> dict:
     """A process that compiles `source` with the flags portkern finalises with for this CPU (and the
     front-end flags of a bundle's stage) and runs it."""
-    return run([SOURCE_CHILD, str(source), name, json.dumps(list(shape)), json.dumps(source_flags())], dict(os.environ))
+    return run([SOURCE_CHILD, str(source), name, json.dumps(list(shape)), json.dumps(source_flags())], environment())
 
 
 def source_flags() -> list[str]:
