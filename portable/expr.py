@@ -100,61 +100,62 @@ def parse(text: str | int, *, condition: bool = False) -> Expr:
         raise LaunchSpecError("empty expression")
     if len(source) > MAX_TEXT:
         raise LaunchSpecError(f"expression is longer than {MAX_TEXT} characters")
+    shown = printable(source)  # (the bundle's or the manifest's text, as refusals quote it)
     try:
         tree = ast.parse(source, mode="eval").body
     except SyntaxError as exc:
         hint = ""
         if source.count("(") != source.count(")"):
             hint = '; YAML splits an unquoted list item at its commas: quote the whole expression, e.g. ["round_up(n, 64)"]'
-        raise LaunchSpecError(f"`{printable(source)}` is not a valid expression ({exc.msg}){hint}") from None
+        raise LaunchSpecError(f"`{shown}` is not a valid expression ({exc.msg}){hint}") from None
     nodes = sum(1 for _ in ast.walk(tree))
     if nodes > MAX_NODES:
-        raise LaunchSpecError(f"`{printable(source)}` is too complex ({nodes} nodes; at most {MAX_NODES})")
+        raise LaunchSpecError(f"`{shown}` is too complex ({nodes} nodes; at most {MAX_NODES})")
     if condition:
         if not isinstance(tree, ast.Compare):
-            raise LaunchSpecError(f"`{printable(source)}` is not a comparison (use ==, !=, <, <=, > or >=)")
+            raise LaunchSpecError(f"`{shown}` is not a comparison (use ==, !=, <, <=, > or >=)")
         operands = [tree.left, *tree.comparators]
         for op in tree.ops:
             if type(op) not in _COMPARE:
-                raise LaunchSpecError(f"`{printable(source)}`: comparison {type(op).__name__} is not allowed")
+                raise LaunchSpecError(f"`{shown}`: comparison {type(op).__name__} is not allowed")
     else:
         operands = [tree]
     symbols: set[str] = set()
     dims: set[tuple[str, int]] = set()
     for operand in operands:
-        _check(operand, source, symbols, dims)
+        _check(operand, shown, symbols, dims)
     return Expr(source, frozenset(symbols), frozenset(dims), condition, tree)
 
 
-def _check(node: ast.AST, source: str, symbols: set[str], dims: set[tuple[str, int]]) -> None:
+def _check(node: ast.AST, shown: str, symbols: set[str], dims: set[tuple[str, int]]) -> None:
     if isinstance(node, ast.Constant):
         if type(node.value) is not int:
-            raise LaunchSpecError(f"`{printable(source)}`: only integer literals are allowed, not {node.value!r}")
+            raise LaunchSpecError(f"`{shown}`: only integer literals are allowed, not {node.value!r}")
         if abs(node.value) > LIMIT:
-            raise LaunchSpecError(f"`{printable(source)}`: literal {node.value} is too large")
+            raise LaunchSpecError(f"`{shown}`: literal {node.value} is too large")
     elif isinstance(node, ast.Name):
         if node.id in _FUNCTIONS:
-            raise LaunchSpecError(f"`{printable(source)}`: {node.id} is a function; call it")
+            raise LaunchSpecError(f"`{shown}`: {node.id} is a function; call it")
         symbols.add(node.id)
     elif isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        _check(node.left, source, symbols, dims)
-        _check(node.right, source, symbols, dims)
+        _check(node.left, shown, symbols, dims)
+        _check(node.right, shown, symbols, dims)
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        _check(node.operand, source, symbols, dims)
+        _check(node.operand, shown, symbols, dims)
     elif isinstance(node, ast.Call):
         name = node.func.id if isinstance(node.func, ast.Name) else None
         if name not in _FUNCTIONS:
-            raise LaunchSpecError(f"`{printable(source)}`: unknown function (allowed: {', '.join(_FUNCTIONS)})")
+            raise LaunchSpecError(f"`{shown}`: unknown function (allowed: {', '.join(_FUNCTIONS)})")
         _, least, most = _FUNCTIONS[name]
         if node.keywords or not least <= len(node.args) <= most or any(isinstance(a, ast.Starred) for a in node.args):
-            raise LaunchSpecError(f"`{printable(source)}`: {name}() takes {least}{'' if least == most else f' to {most}'} plain arguments")
+            raise LaunchSpecError(f"`{shown}`: {name}() takes {least}{'' if least == most else f' to {most}'} plain arguments")
         for arg in node.args:
-            _check(arg, source, symbols, dims)
+            _check(arg, shown, symbols, dims)
     elif _is_dim(node):
         dims.add((node.value.value.id, node.slice.value))  # type: ignore[attr-defined]
     else:
         raise LaunchSpecError(
-            f"`{printable(source)}`: {type(node).__name__} is not allowed "
+            f"`{shown}`: {type(node).__name__} is not allowed "
             "(use integers, names, ARG.shape[i], + - * // %, min, max, ceil_div, round_up)"
         )
 
