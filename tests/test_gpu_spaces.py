@@ -113,8 +113,7 @@ def test_kind_of_root_and_family_are_kept(analysed):
 @pytest.mark.parametrize("spec", TARGETS)
 def test_compile_only_a_seeded_few_give_checked_code_objects(gemm768, spec):
     loaded = portkern.load(gemm768)
-    target = devices.resolve(spec)
-    assert not target.runnable  # no such GPU here: only compiling is possible
+    target = devices.resolve(spec)  # compiling only, whether or not such a GPU is here
     with Pool(2) as pool:
         (report,) = compile_space(loaded.natives, loaded.record("gemm_relu_768"), target, pool, budget=3)
     assert report.candidates == 4 and "3 of" in report.note  # the default and three from the space
