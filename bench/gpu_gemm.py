@@ -1,9 +1,9 @@
 """GEMM+bias+ReLU on an NVIDIA GPU: the compiler's default and the tuned code against torch, same tensors.
 
-    python bench/gpu_gemm.py [--sizes 768x640x384,2048x2048x2048] [--budget 48] [--repeat 50] [--json]
+    python bench/gpu_gemm.py [--sizes 768x640x384,2048x2048x2048] [--strategy full] [--budget 48] [--repeat 50] [--json]
 
 Builds one bundle of GEMM+bias+ReLU kernels (M x K x N, f32), tunes them for `cuda` with
-`portkern tune --strategy full --budget N` in a child process (as a user would) into a fresh
+`portkern tune --strategy S --budget N` in a child process (as a user would) into a fresh
 cache, then in this process times, on torch tensors already on the GPU: the default code, the
 tuned code, and torch's `relu(a @ b + bias)` with TF32 off (the same f32 arithmetic) and on.
 Each call is timed to its end (`torch.cuda.synchronize`); medians of --repeat calls, in ms and
@@ -50,7 +50,7 @@ def median_ms(call, repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def build_and_tune(where: Path, shapes: list[tuple[int, int, int]], budget: int) -> tuple[Path, dict]:
+def build_and_tune(where: Path, shapes: list[tuple[int, int, int]], strategy: str, budget: int | None) -> tuple[Path, dict]:
     """The bundle, tuned for cuda into `where/cache`; the tune command's JSON report."""
     lines = ["bundle: gpu_gemm", "kernels:"]
     for m, k, n in shapes:
@@ -63,7 +63,7 @@ def build_and_tune(where: Path, shapes: list[tuple[int, int, int]], budget: int)
     cli = [sys.executable, "-m", "portkern"]
     subprocess.run([*cli, "build", str(where / "manifest.yaml"), "-o", str(bundle), "--json"], check=True, env=env, capture_output=True)
     tuned = subprocess.run(
-        [*cli, "tune", str(bundle), "--device", "cuda", "--strategy", "full", "--budget", str(budget), "--json"],
+        [*cli, "tune", str(bundle), "--device", "cuda", "--strategy", strategy, *(["--budget", str(budget)] if budget else []), "--json"],
         env=env,
         capture_output=True,
         text=True,
@@ -93,10 +93,13 @@ def steps(kernel, tensors, repeat: int) -> dict[str, float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=sizes, default=sizes("768x640x384,2048x2048x2048"))
-    parser.add_argument("--budget", type=int, default=48, help="candidates per dispatch for `tune --strategy full`")
+    parser.add_argument("--strategy", default="full", help="the tuning strategy (default: full)")
+    parser.add_argument("--budget", type=int, help="candidates per dispatch (default: 48 for full, else the strategy's)")
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.budget is None and args.strategy == "full":
+        args.budget = 48
     try:
         import torch
     except ImportError:
@@ -111,7 +114,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         where = Path(tmp)
         start = time.perf_counter()
-        bundle_path, report = build_and_tune(where, args.sizes, args.budget)
+        bundle_path, report = build_and_tune(where, args.sizes, args.strategy, args.budget)
         tune_s = time.perf_counter() - start
         os.environ["PORTKERN_CACHE_DIR"] = str(where / "cache")  # the cache the tune process filled
         bundle = portkern.load(bundle_path)
@@ -148,6 +151,7 @@ def main() -> int:
     summary = {
         "gpu": torch.cuda.get_device_name(0),
         "tune_s": tune_s,
+        "strategy": args.strategy,
         "budget": args.budget,
         "repeat": args.repeat,
         "rows": rows,
@@ -156,7 +160,9 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary))
     else:
-        print(f"{summary['gpu']}; tune --strategy full --budget {args.budget}: {tune_s:.1f} s for {len(rows)} kernels (build included)")
+        print(
+            f"{summary['gpu']}; tune --strategy {args.strategy} --budget {args.budget or 'default'}: {tune_s:.1f} s for {len(rows)} kernels (build included)"
+        )
         for r in rows:
             print(f"  {r['kernel']}: {r['config']} ({r['search_speedup'] or 1:.2f}x in the search)")
         print(

@@ -3,6 +3,7 @@ compile-only tuning: a seeded few candidates compiled to checked code objects (t
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -14,7 +15,7 @@ from portkern.cli.main import main
 from portkern.examples import GEMM_RELU_768
 from portkern.jit import devices
 from portkern.jit.workers import Pool
-from portkern.tuner import gpu_target, registry
+from portkern.tuner import gpu_space, gpu_target, registry
 from portkern.tuner.compile_only import compile_space
 from portkern.tuner.gpu_config import mma_shape
 
@@ -108,6 +109,16 @@ def test_kind_of_root_and_family_are_kept(analysed):
     assert "kind of root" in space.prune_reason(simt)
     cuda_dispatch, _ = _space(analysed, "gpuspace", "gemm_relu_768", "cuda:sm_90")
     assert "not a AmdGpuConfig" in space.prune_reason(cuda_dispatch.default)
+
+
+@pytest.mark.parametrize("spec", TARGETS)
+def test_quick_tries_tiles_that_keep_a_mid_size_gpu_busy(analysed, spec):
+    """A GEMM too small for large tiles to fill the GPU: every `quick` candidate launches at least
+    half as many workgroups (over the parallel loops) as a mid-size GPU has compute units."""
+    dispatch, space = _space(analysed, "examples", "gemm_bias_relu", spec)
+    for config in space.quick_candidates(0, []):
+        workgroups = math.prod(s // w for s, w, p in zip(dispatch.sizes, config.workgroup, dispatch.parallel) if w and p)
+        assert workgroups >= gpu_space.COMPUTE_UNITS // 2, (str(config), workgroups)
 
 
 @pytest.mark.parametrize("spec", TARGETS)

@@ -56,6 +56,8 @@ MAX_SUBGROUPS = 8
 MAX_JOINT = 128
 #: Candidates in `quick_candidates`.
 QUICK = 8
+#: Compute units (CUs, SMs) of a mid-size GPU, for the cost model's occupancy.
+COMPUTE_UNITS = 64
 
 
 def no_space_reason(dispatch: Dispatch, limits: GpuLimits) -> str:
@@ -257,14 +259,15 @@ class GpuSpace:
         return self.joint()[:QUICK]
 
     def score(self, config: GpuConfig) -> float:
-        """Cost-model estimate of relative time: operand traffic per output, occupancy of the workgroups."""
-        sizes = self.dispatch.sizes
+        """Cost-model estimate of relative time: operand traffic per output, times the waves of
+        workgroups the parallel loops make on `COMPUTE_UNITS` compute units against a perfect fill."""
+        sizes, parallel = self.dispatch.sizes, self.dispatch.parallel
         m, n = self.tiled[0], self.tiled[-1]
         wgm, wgn = config.workgroup[m] or 1, config.workgroup[n] or 1
         traffic = 1.0 / wgm + 1.0 / wgn  # global loads per output element
-        workgroups = math.prod(s // w for s, w in zip(sizes, config.workgroup) if w)
-        starved = max(0.0, 1.0 - workgroups / 64)  # fewer workgroups than a mid-size GPU has compute units
-        return traffic * (1.0 + starved) + 0.01 * abs(config.prefetch_stages - self._default.prefetch_stages)
+        workgroups = math.prod(s // w for s, w, p in zip(sizes, config.workgroup, parallel) if w and p)
+        waves = math.ceil(workgroups / COMPUTE_UNITS) * COMPUTE_UNITS / workgroups  # 1.0: every unit busy to the end
+        return traffic * waves + 0.01 * abs(config.prefetch_stages - self._default.prefetch_stages)
 
     def neighbors(self, config: GpuConfig, pool: Sequence[GpuConfig]) -> list[GpuConfig]:
         """Candidates of `pool` that differ from `config` in one field."""
