@@ -265,7 +265,7 @@ class GpuSpace:
         m, n = self.tiled[0], self.tiled[-1]
         wgm, wgn = config.workgroup[m] or 1, config.workgroup[n] or 1
         traffic = 1.0 / wgm + 1.0 / wgn  # global loads per output element
-        workgroups = math.prod(s // w for s, w, p in zip(sizes, config.workgroup, parallel) if w and p)
+        workgroups = max(1, math.prod(s // w for s, w, p in zip(sizes, config.workgroup, parallel) if w and p))
         waves = math.ceil(workgroups / COMPUTE_UNITS) * COMPUTE_UNITS / workgroups  # 1.0: every unit busy to the end
         return traffic * waves + 0.01 * abs(config.prefetch_stages - self._default.prefetch_stages)
 
