@@ -84,6 +84,10 @@ class PortkernBackend(Backend):
         `constraints` (conditions over the symbols) and `unchecked` (True: build without a shape
         contract where none can be derived).
         """
+        if not isinstance(model, onnx.ModelProto):  # (onnx's own check would read a path it is given, to its end)
+            raise ArgumentTypeError(
+                f"prepare() takes an onnx.ModelProto, got {type(model).__name__}: load the model first (onnx.load(path))"
+            )
         super().prepare(model, device, **kwargs)
         spec = device_spec(device)
         name = kernel_name(kwargs.get("name") or model.graph.name or "model")

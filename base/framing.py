@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
@@ -141,12 +142,37 @@ def file_sha256(f: BinaryIO, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def read_bounded(path: str | Path, limit: int, what: str, error: type[Exception], oversize: type[Exception] | None = None) -> bytes:
+def _open_regular(path: Path, what: str, error: type[Exception]) -> tuple[BinaryIO, int]:
+    """A regular file opened for reading, and its size; `error` for anything else (a device
+    such as /dev/zero, whose size says nothing of what reading it gives; a named pipe, whose
+    opening waits for a writer). Checked before opening and again on what was opened."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise error(f"{path}: cannot read {what}: not a regular file")
+    f = open(path, "rb")
+    st = os.fstat(f.fileno())
+    if not stat.S_ISREG(st.st_mode):
+        f.close()
+        raise error(f"{path}: cannot read {what}: not a regular file")
+    return f, st.st_size
+
+
+def read_bounded(
+    path: str | Path, limit: int, what: str, error: type[Exception], oversize: type[Exception] | None = None, *, regular: bool = False
+) -> bytes:
     """A file's bytes; `oversize` (default `error`) if it holds more than `limit` bytes,
-    `error` if it cannot be read. Never reads more than `limit` + 1 bytes."""
+    `error` if it cannot be read (or, with `regular`, is not a regular file). Never reads
+    more than `limit` + 1 bytes, and nothing of a regular file larger than `limit`."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
+        if regular:
+            f, size = _open_regular(path, what, error)
+        else:
+            f = open(path, "rb")
+            st = os.fstat(f.fileno())
+            size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+        with f:
+            if size > limit:
+                raise (oversize or error)(f"{path}: larger than the {limit}-byte {what} limit")
             data = f.read(limit + 1)
     except OSError as exc:
         raise error(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
@@ -158,11 +184,12 @@ def read_bounded(path: str | Path, limit: int, what: str, error: type[Exception]
 def read_head(path: str | Path, magic: bytes, limit: int, round_to: int, what: str, error: type[Exception], oversize: type[Exception]) -> tuple[bytes, int]:
     """A framed file's header and payload, and the bytes after them up to the next multiple
     of `round_to` (what follows is the caller's to check), with the file's size. Never reads
-    more than `limit` + 1 bytes; `oversize` if the part to read is larger than `limit`."""
+    more than `limit` + 1 bytes; `oversize` if the part to read is larger than `limit`; `error`
+    for what is not a regular file."""
     path = Path(path)
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
+        f, size = _open_regular(path, what, error)
+        with f:
             head = f.read(HEADER_SIZE)
             want = size
             if len(head) == HEADER_SIZE and head[: len(magic)] == magic:
@@ -181,10 +208,18 @@ def write_atomic(path: str | Path, data: bytes, error: type[Exception]) -> None:
 
 
 def write_atomic_with(path: str | Path, write: Callable[[BinaryIO], object], error: type[Exception]) -> None:
-    """`write_atomic` of what `write(file)` writes (it may seek)."""
+    """`write_atomic` of what `write(file)` writes (it may seek). A device or a pipe already at
+    `path` (`-o /dev/null`) is written into, never replaced by a file."""
     import secrets  # (writers only: not on a reader's path)
 
     path = Path(path)
+    if _is_stream(path):
+        try:
+            with open(path, "wb") as f:
+                write(f)
+        except OSError as exc:
+            raise error(f"cannot write {path}: {exc.strerror or exc}") from None
+        return
     tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         with open(tmp, "xb") as f:
@@ -196,3 +231,12 @@ def write_atomic_with(path: str | Path, write: Callable[[BinaryIO], object], err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _is_stream(path: Path) -> bool:
+    """Whether `path` is a character device or a pipe (what a rename would replace, not fill)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)

@@ -112,7 +112,7 @@ def import_(store: Store, path: str | Path, *, device: str | None = None, allow_
     refuse anything that does not check out, and native code unless the file is signed by a
     trusted key (or `allow_unsigned`)."""
     path = Path(path)
-    raw = framing.read_bounded(path, MAX_EXPORT_BYTES, "cache export", CacheError)
+    raw = framing.read_bounded(path, MAX_EXPORT_BYTES, "cache export", CacheError, regular=True)
     try:
         _, _, document = framing.unpack(FORMAT, raw)
         meta, blobs = framing.meta_and_blobs(document, "cache-export", CacheError, validate=False)

@@ -299,17 +299,18 @@ def write_bundle(bundle: Bundle, path: str | Path, check: Check | None = None) -
     digest: list[str] = []
 
     def write(f: BinaryIO) -> None:
-        final = _write_with_parameters(bundle, f)
+        final, end = _write_with_parameters(bundle, f)
         if check is not None:
-            check(final, f.tell())
+            check(final, end)
         digest.append(final[HEADER_SIZE - 32 : HEADER_SIZE].hex())
 
     framing.write_atomic_with(path, write, BundleError)
     return digest[0]
 
 
-def _write_with_parameters(bundle: Bundle, f: BinaryIO) -> bytes:
-    """Write the bundle and its parameter section into `f`; the header and payload written."""
+def _write_with_parameters(bundle: Bundle, f: BinaryIO) -> tuple[bytes, int]:
+    """Write the bundle and its parameter section into `f`; the header and payload written,
+    and the file's size."""
     placed, size = layout(bundle.parameter_data)
     records = tuple(replace(k, parameters=placed.get(k.name, ())) for k in bundle.kernels)
     unknown = sorted(set(placed) - {k.name for k in records})
@@ -334,7 +335,7 @@ def _write_with_parameters(bundle: Bundle, f: BinaryIO) -> bytes:
     f.write(final)
     f.write(bytes(offset - len(final)))
     f.seek(offset + size)
-    return final
+    return final, offset + size
 
 
 def read_bundle(path: str | Path, validated: Callable[[str], bool] | None = None) -> Bundle:

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -15,8 +18,8 @@ from helpers import assert_matches, reseal
 from portkern.examples.reference import EXAMPLES
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "portkern", *args], capture_output=True, text=True, timeout=300)
+def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "portkern", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def npy_header(shape: tuple[int, ...], dtype: str = "<f4") -> bytes:
@@ -76,3 +79,53 @@ def test_text_from_a_bundle_is_escaped_before_it_is_printed(examples_bundle, tmp
     assert as_json.returncode == 0 and "\u202e" not in as_json.stdout
     versions = {stage["producer"]["version"] for kernel in json.loads(as_json.stdout)["kernels"] for stage in kernel["stages"]}
     assert versions == {"3.13.0\u202e[red]gnp.exe\x1b[2J"}  # the data itself is kept, as JSON escapes
+
+
+@pytest.mark.parametrize("command", ["inspect", "run", "finalize", "cache import"])
+def test_a_device_or_a_named_pipe_in_place_of_a_file_is_refused_at_once(tmp_path, command):
+    """Neither read to its end (/dev/zero never ends) nor waited on (a named pipe's opening waits
+    for a writer): a bundle or a cache export must be a regular file."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path in ("/dev/zero", str(fifo)):
+        args = {
+            "inspect": ["inspect", path],
+            "run": ["run", path, "gemm_rowsum"],
+            "finalize": ["finalize", path, "--target", "cpu"],
+            "cache import": ["cache", "import", path, "--cache-dir", str(tmp_path / "cache")],
+        }[command]
+        done = cli(*args, timeout=60)
+        assert done.returncode == 1 and done.stdout == "", (path, done.stderr)
+        assert done.stderr.splitlines() == [f"portkern: error: {path}: cannot read {'cache export' if command == 'cache import' else 'bundle'}: not a regular file"]
+
+
+def test_an_export_to_a_pipe_streams_into_it_and_leaves_it_a_pipe(examples_bundle, tmp_path):
+    """A device or a pipe at the output path is written into, never replaced by a file (as root,
+    `-o /dev/null` had replaced the system's /dev/null); what the pipe carried imports whole."""
+    cache = str(tmp_path / "cache")
+    filled = cli("finalize", str(examples_bundle), "--target", "cpu", "--kernel", "gemm_rowsum", "--cache-dir", cache)
+    assert filled.returncode == 0, filled.stderr
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    carried = bytearray()
+    reader = threading.Thread(target=lambda: carried.extend(fifo.read_bytes()))
+    reader.start()
+    exported = cli("cache", "export", str(fifo), "--cache-dir", cache, timeout=120)
+    reader.join(timeout=60)
+    assert exported.returncode == 0, exported.stderr
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and not reader.is_alive()
+    (tmp_path / "carried.pkx").write_bytes(bytes(carried))
+    imported = cli("cache", "import", str(tmp_path / "carried.pkx"), "--allow-unsigned", "--cache-dir", str(tmp_path / "other"), "--json")
+    assert imported.returncode == 0, imported.stderr
+    assert json.loads(imported.stdout)["entries"] >= 1
+
+
+def test_a_build_to_what_is_not_a_regular_file_is_refused_before_it_builds(tmp_path):
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for output in (fifo, tmp_path):
+        done = cli("build", "/nonexistent/manifest.yaml", "-o", str(output), timeout=60)
+        assert done.returncode == 1 and done.stderr.splitlines() == [
+            f"portkern: error: {output}: not a regular file: a bundle is written to a file, which the build reads back to check"
+        ]
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)

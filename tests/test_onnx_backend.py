@@ -103,6 +103,13 @@ def test_refused_at_build_naming_the_operator():
         backend.prepare(m)
 
 
+@pytest.mark.parametrize("given", ["/dev/zero", b"not a model", None])
+def test_anything_but_a_model_proto_is_refused_before_it_is_read(given):
+    """A path is not opened (/dev/zero would be read to no end): the caller loads the model."""
+    with pytest.raises(ArgumentTypeError, match=r"prepare\(\) takes an onnx.ModelProto, got (str|bytes|NoneType): load the model first"):
+        backend.prepare(given, "CPU")
+
+
 def test_supports_device():
     assert backend.supports_device("CPU")
     assert not backend.supports_device("CUDA")

@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
+from portkern.base.errors import BuildError
 from portkern.base.settings import format_size
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, shown, store_from, table
 
@@ -49,6 +50,8 @@ def run_build(args: argparse.Namespace) -> Report:
 
     from portkern.base.signing import check_signing_key, key_to_sign_with, sign_file, signature_path
 
+    if args.output.exists() and not args.output.is_file():  # (a device, a pipe, a directory)
+        raise BuildError(f"{args.output}: not a regular file: a bundle is written to a file, which the build reads back to check")
     sign_with = key_to_sign_with(args.sign)
     if sign_with is not None:
         check_signing_key(sign_with)  # a bad key fails before the build
