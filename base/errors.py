@@ -157,7 +157,8 @@ class CodeObjectError(FinalizeError):
 
 
 class ArgumentTypeError(PortkernError, TypeError):
-    """A kernel was called with the wrong number or dtype of arguments."""
+    """A kernel was called with the wrong number or dtype of arguments, or a portkern function
+    with an argument of the wrong type."""
 
 
 class ArgumentShapeError(PortkernError, ValueError):

@@ -9,6 +9,7 @@ opened with (`portkern.load` gives the tuner's); `jit` itself never tunes.
 
 from __future__ import annotations
 
+import os
 import warnings
 import weakref
 from dataclasses import replace
@@ -20,6 +21,7 @@ import numpy as np
 from portkern import schemas
 from portkern.base import settings
 from portkern.base.errors import (
+    ArgumentTypeError,
     CompileForbiddenError,
     DeviceError,
     FinalizeError,
@@ -89,6 +91,8 @@ def load(
     cache (default: the one the environment names); `pool`: the worker pool that compiles its
     kernels (default: the process's shared pool); `tuning`: what answers `tune=` strategies
     that search (None: they are refused)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError(f"load() takes a bundle's path (str or os.PathLike), got {type(path).__name__}")
     store = store if store is not None else default_store()
     schema = schemas.digest("bundle")
     seen: list[bool] = []

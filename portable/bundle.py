@@ -20,6 +20,7 @@ from typing import Any, BinaryIO, Callable, Mapping
 
 from portkern.base import framing
 from portkern.base.errors import (
+    ArgumentTypeError,
     BadMagicError,
     BundleError,
     BundleTruncatedError,
@@ -236,6 +237,8 @@ class Bundle:
     parameter_data: tuple[ParameterData, ...] = ()
 
     def kernel(self, name: str) -> KernelRecord:
+        if not isinstance(name, str):
+            raise ArgumentTypeError(f"a kernel is named by a str, got {type(name).__name__}")
         for record in self.kernels:
             if record.name == name:
                 return record

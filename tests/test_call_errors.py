@@ -63,6 +63,14 @@ def test_a_masked_array_is_refused_and_its_filled_values_are_used(gemm):
     np.testing.assert_allclose(gemm(a, b, filled), np.maximum(a @ b + filled, 0), rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("given", [None, 3, b"examples.pkb"])
+def test_load_takes_a_path_and_kernel_a_name(examples_bundle, given):
+    with pytest.raises(ArgumentTypeError, match=rf"load\(\) takes a bundle's path \(str or os.PathLike\), got {type(given).__name__}"):
+        portkern.load(given)
+    with pytest.raises(ArgumentTypeError, match=rf"a kernel is named by a str, got {type(given).__name__}"):
+        portkern.load(examples_bundle).kernel(given)
+
+
 def test_unknown_kernel(examples_bundle):
     with pytest.raises(KernelNotFoundError, match="has no kernel 'nope'"):
         portkern.load(examples_bundle).kernel("nope")
