@@ -358,7 +358,7 @@ def verify_file(path: str | Path, data: bytes | None, trusted: tuple[TrustedKey,
     if not sig.exists():
         return Verdict(False, reason=f"not signed (no {sig.name})")
     try:
-        signature = read_bounded(sig, MAX_SIGNATURE_BYTES, "signature", SignatureError)
+        signature = read_bounded(sig, MAX_SIGNATURE_BYTES, "signature", SignatureError, regular=True)  # (a pipe there would block)
     except SignatureError as exc:
         return Verdict(True, reason=f"signed, but {exc}")
     if data is None:

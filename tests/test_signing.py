@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import shutil
 import stat
 import subprocess
@@ -106,6 +107,20 @@ def test_required_signature_refuses_unsigned_untrusted_and_mismatched_bundles(
     # under require, a bundle with no native code needs a signature too: its code would be built here
     with pytest.raises(UnsignedError, match="refused .* not signed"):
         portkern.load(gpu_bundle, store=store)
+
+
+def test_a_signature_that_is_a_pipe_is_refused_not_waited_on(signed_fat_bundle, keys, store, tmp_path, monkeypatch, capsys):
+    """FILE.sig comes with the bundle: whoever can write beside it can put a named pipe there,
+    whose opening would wait for a writer."""
+    bundle = tmp_path / "piped.pkb"
+    shutil.copy(signed_fat_bundle, bundle)
+    os.mkfifo(signing.signature_path(bundle))
+    monkeypatch.setenv("PORTKERN_TRUSTED_KEYS", str(keys / "trusted-keys.pem"))
+    assert main(["inspect", str(bundle), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["signature"]["reason"].endswith("piped.pkb.sig: cannot read signature: not a regular file")
+    monkeypatch.setenv("PORTKERN_REQUIRE_SIGNATURE", "1")
+    with pytest.raises(UntrustedKeyError, match="not a regular file"):
+        portkern.load(bundle, store=store)
 
 
 def test_required_signature_without_trusted_keys_is_an_error(gpu_bundle, store, monkeypatch):
