@@ -12,6 +12,7 @@ external data file, piece by piece, so that the builder never holds the whole mo
 from __future__ import annotations
 
 import math
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -169,7 +170,10 @@ def _external(tensor: Any, path: Path, size: int) -> tuple[Path, int]:
         raise BuildError(f"{path}: initializer {tensor.name!r} has external data outside the model's folder ({info.get('location')!r})")
     try:
         offset = int(info.get("offset", 0))
-        available = location.stat().st_size - offset
+        found = location.stat()
+        if not stat.S_ISREG(found.st_mode):  # (a named pipe would be waited on, a device read without end)
+            raise BuildError(f"{path}: external data of {tensor.name!r} is not in a regular file ({info.get('location')!r})")
+        available = found.st_size - offset
         length = int(info.get("length", available))
     except OSError as exc:
         raise BuildError(f"{path}: external data of {tensor.name!r}: {exc.strerror or exc}") from None

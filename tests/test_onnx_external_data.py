@@ -4,6 +4,7 @@ manifest and through `portkern.onnx.prepare`, the results match onnx's reference
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -92,4 +93,14 @@ def test_a_short_external_data_file_is_a_build_error_naming_the_tensor(tmp_path)
     data = path.with_name("model.onnx.data")
     data.write_bytes(data.read_bytes()[:8])  # `shape` (16 bytes, first in the file) is cut short
     with pytest.raises(BuildError, match=r"external data of 'shape' has 8 bytes, its shape needs 16"):
+        build_file(path.parent / "manifest.yaml", tmp_path / "ext.pkb")
+
+
+def test_external_data_that_is_not_a_regular_file_is_a_build_error(tmp_path):
+    """A named pipe in the model's folder is neither opened (that would wait for a writer) nor read."""
+    path = external_model(tmp_path / "m", SIZES["small-weight"])
+    data = path.with_name("model.onnx.data")
+    data.unlink()
+    os.mkfifo(data)
+    with pytest.raises(BuildError, match=r"external data of 'shape' is not in a regular file \('model.onnx.data'\)"):
         build_file(path.parent / "manifest.yaml", tmp_path / "ext.pkb")
