@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from html.parser import HTMLParser
 
 import pytest
@@ -93,3 +94,14 @@ def test_report_refused_before_any_work(tmp_path, capsys, argv, page):
     assert status == 1
     assert json.loads(capsys.readouterr().out)["error"] == "TuningError"
     assert not (tmp_path / page).exists()
+
+
+def test_a_report_to_a_pipe_is_refused_before_any_work(tmp_path, capsys):
+    """The page's data would go to a new file beside it (`--report /dev/null` made /dev/null.json)."""
+    pipe = tmp_path / "page"
+    os.mkfifo(pipe)
+    status = main(["tune", str(tmp_path / "missing.pkb"), "--report", str(pipe), "--json"])
+    assert status == 1
+    error = json.loads(capsys.readouterr().out)
+    assert error["error"] == "TuningError" and error["message"].endswith(f"{pipe}: not a regular file: the page is written to a file, its data beside it as .json")
+    assert not pipe.with_suffix(".json").exists()

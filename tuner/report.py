@@ -40,13 +40,16 @@ _FAILED = "tab:red"
 
 def check(path: Path) -> None:
     """TuningError unless a page can be drawn (matplotlib, the `report` extra, is installed) and
-    named `path` (not a `.json` name: the data goes there)."""
+    named `path` (not a `.json` name: the data goes there; not a device or a pipe: the data would
+    go to a new file beside it, such as /dev/null.json)."""
     try:
         import matplotlib  # noqa: F401
     except ImportError:
         raise TuningError("--report draws its plots with matplotlib, which is not installed: pip install 'portkern[report]'") from None
     if path.suffix == ".json":
         raise TuningError(f"--report {path}: the page's name must not end in .json (its data is written beside it as .json)")
+    if path.exists() and not path.is_file():
+        raise TuningError(f"--report {path}: not a regular file: the page is written to a file, its data beside it as .json")
 
 
 def write(path: Path, data: dict[str, Any]) -> Path:
