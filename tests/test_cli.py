@@ -95,6 +95,22 @@ def test_usage_errors_are_one_line_and_json_under_json(argv, message, capsys):
     assert report["error"] == "UsageError" and re.search(message, report["message"])
 
 
+@pytest.mark.parametrize("command", ["finalize", "build"])
+@pytest.mark.parametrize("given", ["", " , "])
+def test_an_empty_target_list_is_a_usage_error_not_a_success(examples_bundle, tmp_path, capsys, command, given):
+    """`--target "$UNSET"` finalised nothing and said so with exit 0; `--prebuild ""` built without prebuilds."""
+    argv = {
+        "finalize": ["finalize", str(examples_bundle), "--target", given, "--cache-dir", str(tmp_path / "cache")],
+        "build": ["build", str(MANIFEST), "-o", str(tmp_path / "b.pkb"), "--prebuild", given],
+    }[command]
+    assert main(argv) == 2
+    flag = "--target" if command == "finalize" else "--prebuild"
+    assert capsys.readouterr().err.strip() == f"portkern: error: {flag} names no target ({given!r}); e.g. " + (
+        "--target cpu,gfx942" if command == "finalize" else "--prebuild cpu:x86-64-v3,gfx942"
+    )
+    assert not (tmp_path / "b.pkb").exists()
+
+
 def test_run_refuses_an_out_name_that_is_not_npz(examples_bundle, tmp_path, capsys):
     status = main(["run", str(examples_bundle), "gemm_glu", "--out", str(tmp_path / "r.txt"), "--cache-dir", str(tmp_path / "cache")])
     assert status == 1 and "give a name ending in .npz" in capsys.readouterr().err

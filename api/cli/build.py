@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Mapping
 
-from portkern.base.errors import BuildError
+from portkern.base.errors import BuildError, UsageError
 from portkern.base.settings import format_size
 from portkern.cli.common import JSON_FORMAT, Report, add_cache_dir, add_json, add_sign, shown, store_from, table
 
@@ -57,11 +57,13 @@ def run_build(args: argparse.Namespace) -> Report:
         check_signing_key(sign_with)  # a bad key fails before the build
     finish = None
     failures: list = []
-    if args.prebuild:
+    if args.prebuild is not None:
         from portkern.jit.devices import resolve, split
         from portkern.jit.prebuild import prebuild
 
         targets = [resolve(spec) for spec in split(args.prebuild)]  # bad names fail before the build
+        if not targets:
+            raise UsageError(f"--prebuild names no target ({args.prebuild!r}); e.g. --prebuild cpu:x86-64-v3,gfx942")
 
         def finish(bundle):
             done = prebuild(bundle, targets, lambda record, target: say(f"prebuild {record.name} for {target.label} ..."))

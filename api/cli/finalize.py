@@ -54,6 +54,8 @@ def run_finalize(args: argparse.Namespace) -> Report:
     store = store_from(args)
     bundle = portkern.load(args.bundle, store=store)
     specs = [spec for value in args.target for spec in devices.split(value)]
+    if not specs:  # (`--target "$UNSET"`: nothing to finalise is not a success)
+        raise UsageError(f"--target names no target ({', '.join(map(repr, args.target))}); e.g. --target cpu,gfx942")
     targets = [devices.resolve(spec, store) for spec in specs]
     names = args.kernel or bundle.names()
     for name in names:
