@@ -200,6 +200,12 @@ class LoadedBundle:
     def digest(self) -> str:
         return self.bundle.digest
 
+    def __reduce__(self):
+        raise ArgumentTypeError(
+            f"a loaded bundle cannot be pickled (its native code is loaded in this process): give another "
+            f"process the bundle's path and call portkern.load(path) there (bundle {self.natives.bundle.name!r})"
+        )
+
     def names(self) -> list[str]:
         return [k.name for k in self.bundle.kernels]
 
@@ -537,6 +543,12 @@ class Kernel:
         if code is None:
             return {"bucket": label, "code": "dynamic", "origin": self.origin, "config": self.config}
         return {"bucket": label, "code": kind, "origin": code[0].origin, "config": code[0].config}
+
+    def __reduce__(self):
+        raise ArgumentTypeError(
+            f"a Kernel cannot be pickled (its native code is loaded in this process): in another process, "
+            f"call portkern.load(path).kernel({self.name!r}, device={self.device!r}) there"
+        )
 
     def __repr__(self) -> str:
         return f"<Kernel {self.name} {self.signature} on {self.device} config={self.config} from {self.origin} ({self.stage})>"

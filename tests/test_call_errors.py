@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -69,6 +71,15 @@ def test_load_takes_a_path_and_kernel_a_name(examples_bundle, given):
         portkern.load(given)
     with pytest.raises(ArgumentTypeError, match=rf"a kernel is named by a str, got {type(given).__name__}"):
         portkern.load(examples_bundle).kernel(given)
+
+
+def test_a_kernel_or_a_bundle_to_pickle_says_what_to_do_instead(examples_bundle, gemm):
+    """A process pool that starts its workers by `spawn` pickles what it is given: a typed error
+    that says how to get the kernel in the other process, not a TypeError about an RLock."""
+    with pytest.raises(ArgumentTypeError, match=r"a Kernel cannot be pickled .* portkern.load\(path\).kernel\('gemm_bias_relu', device='cpu:host'\) there"):
+        pickle.dumps(gemm)
+    with pytest.raises(ArgumentTypeError, match=r"a loaded bundle cannot be pickled .* call portkern.load\(path\) there"):
+        pickle.dumps(portkern.load(examples_bundle))
 
 
 def test_unknown_kernel(examples_bundle):
