@@ -208,12 +208,16 @@ def write_atomic(path: str | Path, data: bytes, error: type[Exception]) -> None:
 
 
 def write_atomic_with(path: str | Path, write: Callable[[BinaryIO], object], error: type[Exception]) -> None:
-    """`write_atomic` of what `write(file)` writes (it may seek). A device or a pipe already at
-    `path` (`-o /dev/null`) is written into, never replaced by a file."""
+    """`write_atomic` of what `write(file)` writes (it may seek). A character device or a pipe
+    already at `path` (`-o /dev/null`, `/dev/stdout`) is written into, never replaced by a file;
+    a block device or a socket there is refused."""
     import secrets  # (writers only: not on a reader's path)
 
     path = Path(path)
-    if _is_stream(path):
+    kind = _special(path)
+    if kind in ("block device", "socket"):  # (neither written into nor replaced)
+        raise error(f"cannot write {path}: it is a {kind}")
+    if kind:
         try:
             with open(path, "wb") as f:
                 write(f)
@@ -233,10 +237,12 @@ def write_atomic_with(path: str | Path, write: Callable[[BinaryIO], object], err
         raise
 
 
-def _is_stream(path: Path) -> bool:
-    """Whether `path` is a character device or a pipe (what a rename would replace, not fill)."""
+def _special(path: Path) -> str:
+    """What `path` is when it is neither missing, a regular file nor a directory ("character
+    device", "pipe", "block device", "socket"); "" otherwise."""
     try:
         mode = os.stat(path).st_mode
     except OSError:
-        return False
-    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+        return ""
+    kinds = ((stat.S_ISCHR, "character device"), (stat.S_ISFIFO, "pipe"), (stat.S_ISBLK, "block device"), (stat.S_ISSOCK, "socket"))
+    return next((name for test, name in kinds if test(mode)), "")

@@ -129,3 +129,15 @@ def test_a_build_to_what_is_not_a_regular_file_is_refused_before_it_builds(tmp_p
             f"portkern: error: {output}: not a regular file: a bundle is written to a file, which the build reads back to check"
         ]
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+
+
+def test_an_export_to_a_socket_is_refused_and_leaves_it(tmp_path):
+    """A socket (or a block device) at the output path is neither written into nor replaced."""
+    import socket
+
+    path = tmp_path / "sock"
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(path))
+        done = cli("cache", "export", str(path), "--cache-dir", str(tmp_path / "cache"), timeout=60)
+    assert done.returncode == 1 and done.stderr.splitlines() == [f"portkern: error: cannot write {path}: it is a socket"]
+    assert stat.S_ISSOCK(os.stat(path).st_mode)
