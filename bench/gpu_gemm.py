@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 from children import environment
-from gemms import GEMM
+from gemms import GEMM, manifest_lines
 
 RTOL = ATOL = 1e-4
 
@@ -50,27 +50,26 @@ def median_ms(call, repeat: int) -> float:
     return statistics.median(times) * 1e3
 
 
+def portkern_json(args: list[str], env: dict[str, str]) -> dict:
+    """A `portkern ... --json` command's report; SystemExit with the end of its output when it fails."""
+    done = subprocess.run([sys.executable, "-m", "portkern", *args, "--json"], env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"portkern {args[0]} failed: {done.stderr.strip()[-2000:] or done.stdout.strip()[-2000:]}")
+    return json.loads(done.stdout)
+
+
 def build_and_tune(where: Path, shapes: list[tuple[int, int, int]], strategy: str, budget: int | None) -> tuple[Path, dict]:
     """The bundle, tuned for cuda into `where/cache`; the tune command's JSON report."""
-    lines = ["bundle: gpu_gemm", "kernels:"]
+    names = []
     for m, k, n in shapes:
-        name = f"gemm_{m}x{k}x{n}"
-        (where / f"{name}.mlir").write_text(GEMM.format(name=name, m=m, k=k, n=n))
-        lines += [f"  - name: {name}", f"    source: {name}.mlir"]
-    (where / "manifest.yaml").write_text("\n".join(lines) + "\n")
+        names.append(f"gemm_{m}x{k}x{n}")
+        (where / f"{names[-1]}.mlir").write_text(GEMM.format(name=names[-1], m=m, k=k, n=n))
+    (where / "manifest.yaml").write_text("\n".join(["bundle: gpu_gemm", "kernels:", *manifest_lines(names)]) + "\n")
     bundle = where / "gpu_gemm.pkb"
     env = environment(where / "cache")
-    cli = [sys.executable, "-m", "portkern"]
-    subprocess.run([*cli, "build", str(where / "manifest.yaml"), "-o", str(bundle), "--json"], check=True, env=env, capture_output=True)
-    tuned = subprocess.run(
-        [*cli, "tune", str(bundle), "--device", "cuda", "--strategy", strategy, *(["--budget", str(budget)] if budget else []), "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    if tuned.returncode != 0:
-        raise SystemExit(f"portkern tune failed: {tuned.stderr.strip()[-2000:] or tuned.stdout.strip()[-2000:]}")
-    return bundle, json.loads(tuned.stdout)
+    portkern_json(["build", str(where / "manifest.yaml"), "-o", str(bundle)], env)
+    budget_args = ["--budget", str(budget)] if budget else []
+    return bundle, portkern_json(["tune", str(bundle), "--device", "cuda", "--strategy", strategy, *budget_args], env)
 
 
 def steps(kernel, tensors, repeat: int) -> dict[str, float]:
