@@ -12,9 +12,10 @@ A field may say how it is written with `field(metadata=wire(...))`: another key 
 left out (`omit`), and how its value is written or read (`encode`, `decode`).
 
 `@frozen_record` declares an immutable record that behaves as `dataclasses.dataclass(frozen=True)`:
-its `__repr__`, `__eq__`, `__hash__`, `__setattr__` and `__delattr__` are the same methods for every
-record instead of source that dataclasses generates and compiles for each class (every process
-defines the records it imports); only `__init__` is made per class.
+its `__init__`, `__repr__`, `__eq__`, `__hash__`, `__setattr__` and `__delattr__` are the same
+methods for every record instead of source that dataclasses generates and compiles for each class
+(every process defines the records it imports). `@record` declares a mutable one the same way, as
+`dataclasses.dataclass()` would.
 """
 
 from __future__ import annotations
@@ -45,35 +46,167 @@ def frozen_record(cls: type[R], /) -> type[R]: ...
 def frozen_record(*, kw_only: bool = ..., slots: bool = ..., order: bool = ..., unsafe_hash: bool = ...) -> Callable[[type[R]], type[R]]: ...
 def frozen_record(cls: type[R] | None = None, /, **options: Any) -> Any:
     """A record class that behaves as `dataclasses.dataclass(cls, frozen=True, **options)`, with
-    `__repr__`, `__eq__` and `__hash__` as dataclasses' own (the class name and the `repr` fields; equal
-    when of the same class with equal `compare` fields; the hash of the hashed fields) and the frozen
-    guards (`FrozenInstanceError` on assigning or deleting an attribute once `__init__` has set it),
-    shared by every record. A method the class defines itself is kept; `order`, `unsafe_hash` or
-    `slots` among `options`, or a class that defines `__setattr__` or `__delattr__`, leaves them all
-    to dataclasses."""
+    `__init__`, `__repr__`, `__eq__` and `__hash__` as dataclasses' own (the fields in order, by
+    position or by name, else their defaults, then `__post_init__`; the class name and the `repr`
+    fields; equal when of the same class with equal `compare` fields; the hash of the hashed fields)
+    and the frozen guards (`FrozenInstanceError` on assigning or deleting an attribute once
+    `__init__` has set it), shared by every record. A method the class defines itself is kept;
+    `order`, `unsafe_hash` or `slots` among `options`, or a class that defines `__setattr__` or
+    `__delattr__`, leaves them all to dataclasses, and an `InitVar` field leaves `__init__` to it."""
 
     def make(c: type[R]) -> type[R]:
         own = c.__dict__
         if options.get("order") or options.get("unsafe_hash") or options.get("slots") or "__setattr__" in own or "__delattr__" in own:
             return dataclasses.dataclass(c, frozen=True, **options)
-        rest = dict(options)
-        shown, compared = rest.pop("repr", True), rest.pop("eq", True)
         explicit_hash = "__hash__" in own and not (own["__hash__"] is None and "__eq__" in own)
-        # Not frozen to dataclasses, so its __init__ assigns each field once through the guard below
-        # (dataclasses would compile a __setattr__ and a __delattr__ for each class).
-        made = dataclasses.dataclass(c, repr=False, eq=False, **rest)
+        # Not frozen to dataclasses (which would compile a __setattr__ and a __delattr__ for each
+        # class): the guards below are shared, and the shared __init__ sets the fields before them.
+        made, compared = _with_shared_methods(c, options)
         made.__setattr__ = _assign_once  # type: ignore[method-assign]
         made.__delattr__ = _no_delete  # type: ignore[method-assign]
-        if shown and "__repr__" not in own:
-            made.__repr__ = _record_repr  # type: ignore[method-assign]
-        if compared:
-            if "__eq__" not in own:
-                made.__eq__ = _record_eq  # type: ignore[method-assign]
-            if not explicit_hash:
-                made.__hash__ = _record_hash  # type: ignore[method-assign]
+        if compared and not explicit_hash:
+            made.__hash__ = _record_hash  # type: ignore[method-assign]
         return made
 
     return make if cls is None else make(cls)
+
+
+@overload
+@dataclass_transform(field_specifiers=(dataclasses.field, dataclasses.Field))
+def record(cls: type[R], /) -> type[R]: ...
+@overload
+def record(*, kw_only: bool = ..., slots: bool = ..., order: bool = ..., unsafe_hash: bool = ...) -> Callable[[type[R]], type[R]]: ...
+def record(cls: type[R] | None = None, /, **options: Any) -> Any:
+    """A mutable record class that behaves as `dataclasses.dataclass(cls, **options)`, with the
+    `__init__`, `__repr__` and `__eq__` that `frozen_record` shares (unhashable, as dataclasses
+    makes a class with `eq` that is not frozen, unless it defines `__hash__`). `order`,
+    `unsafe_hash`, `frozen` or `slots` among `options` leaves them all to dataclasses, and an
+    `InitVar` field leaves `__init__` to it."""
+
+    def make(c: type[R]) -> type[R]:
+        if options.get("order") or options.get("unsafe_hash") or options.get("slots") or options.get("frozen"):
+            return dataclasses.dataclass(c, **options)
+        defines_hash = "__hash__" in c.__dict__ or "__eq__" in c.__dict__
+        made, compared = _with_shared_methods(c, options)
+        if compared and not defines_hash:
+            made.__hash__ = None  # type: ignore[assignment]
+        return made
+
+    return make if cls is None else make(cls)
+
+
+def _with_shared_methods(c: type[R], options: Mapping[str, Any]) -> tuple[type[R], bool]:
+    """`c` made a dataclass with the shared `__init__`, `__repr__` and `__eq__` where `options` asks
+    for them and `c` does not define them itself (dataclasses' own `__init__` where `c` has an
+    `InitVar`), and whether it compares (`eq`)."""
+    own = c.__dict__
+    rest = dict(options)
+    shown, compared, init = rest.pop("repr", True), rest.pop("eq", True), rest.pop("init", True)
+    shared_init = init and "__init__" not in own and not _has_init_vars(c)
+    made = dataclasses.dataclass(c, init=init and not shared_init, repr=False, eq=False, **rest)
+    if shared_init:
+        made.__init__ = _record_init  # type: ignore[misc]
+        made.__signature__ = _SIGNATURE  # type: ignore[attr-defined]
+    if shown and "__repr__" not in own:
+        made.__repr__ = _record_repr  # type: ignore[method-assign]
+    if compared and "__eq__" not in own:
+        made.__eq__ = _record_eq  # type: ignore[method-assign]
+    return made, compared
+
+
+def _has_init_vars(c: type) -> bool:
+    """Whether `c` declares an `InitVar` pseudo-field, or a dataclass it extends does."""
+    own = c.__dict__.get("__annotations__", {})
+    if any("InitVar" in (hint if isinstance(hint, str) else repr(hint)) for hint in own.values()):
+        return True
+    for base in c.__mro__[1:]:
+        declared = base.__dict__.get("__dataclass_fields__")
+        if declared and len(declared) != len(dataclasses.fields(base)):
+            if any("InitVar" in str(f.type) for f in declared.values()):
+                return True
+    return False
+
+
+#: Per record class with the shared `__init__`: (its fields in order as (name, position among the
+#: positional parameters or -1, default, default factory, whether `__init__` takes it), how many
+#: positional parameters it takes, whether it has `__post_init__`).
+_Init = tuple[tuple[tuple[str, int, Any, Any, bool], ...], int, bool]
+_INIT_PLANS: dict[type, _Init] = {}
+
+
+def _init_plan(cls: type) -> _Init:
+    found = _INIT_PLANS.get(cls)
+    if found is None:
+        fields, position = [], 0
+        for f in dataclasses.fields(cls):
+            if not f.init and f.default_factory is dataclasses.MISSING:
+                continue  # (its default, if any, is the class attribute, as dataclasses leaves it)
+            positional = f.init and not getattr(f, "kw_only", False)
+            fields.append((f.name, position if positional else -1, f.default, f.default_factory, f.init))
+            position += positional
+        found = _INIT_PLANS[cls] = (tuple(fields), position, hasattr(cls, "__post_init__"))
+    return found
+
+
+def _record_init(self: Any, *args: Any, **kwargs: Any) -> None:
+    """A record's `__init__`: each field from its argument (by position or by name) or its default,
+    fields `__init__` does not take from their defaults, then `__post_init__()`; TypeError for the
+    arguments a dataclass's `__init__` refuses."""
+    fields, takes, post_init = _init_plan(self.__class__)
+    given = len(args)
+    if given > takes:
+        raise TypeError(f"{self.__class__.__qualname__}.__init__() takes {takes + 1} positional arguments but {given + 1} were given")
+    state, named, missing = self.__dict__, 0, None
+    missing_value = dataclasses.MISSING
+    for name, position, default, factory, init in fields:
+        if position >= 0 and position < given:
+            if kwargs and name in kwargs:
+                raise TypeError(f"{self.__class__.__qualname__}.__init__() got multiple values for argument {name!r}")
+            state[name] = args[position]
+        elif init and kwargs and name in kwargs:
+            state[name] = kwargs[name]
+            named += 1
+        elif default is not missing_value:
+            state[name] = default
+        elif factory is not missing_value:
+            state[name] = factory()
+        elif init:
+            missing = (missing or []) + [name]
+    if missing:
+        raise TypeError(f"{self.__class__.__qualname__}.__init__() missing {len(missing)} required argument{'s' if len(missing) > 1 else ''}: "
+                        + ", ".join(map(repr, missing)))
+    if named != len(kwargs):
+        taken = {name for name, _, _, _, init in fields if init}
+        unexpected = next(name for name in kwargs if name not in taken)
+        raise TypeError(f"{self.__class__.__qualname__}.__init__() got an unexpected keyword argument {unexpected!r}")
+    if post_init:
+        self.__post_init__()
+
+
+class _Signature:
+    """A record class's `__signature__` (what `inspect.signature` shows for the shared `__init__`): its
+    fields as parameters, with their defaults, as dataclasses' generated `__init__` has them."""
+
+    def __get__(self, obj: Any, owner: type) -> Any:
+        import inspect  # (only where a signature is asked for)
+
+        empty = inspect.Parameter.empty
+        parameters = [
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY if getattr(f, "kw_only", False) else inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                              default=f.default if f.default is not dataclasses.MISSING else (empty if f.default_factory is dataclasses.MISSING else _FACTORY),
+                              annotation=f.type)
+            for f in dataclasses.fields(owner) if f.init
+        ]
+        return inspect.Signature(parameters, return_annotation=None)
+
+
+class _Factory:
+    def __repr__(self) -> str:
+        return "<factory>"
+
+
+_FACTORY = _Factory()
+_SIGNATURE = _Signature()
 
 
 #: Per record class: the fields its `__init__` sets (the only attributes `_assign_once` lets be set).

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, field, fields
 from typing import Any, Callable
 
 from portkern.base.errors import CacheError
-from portkern.base.records import to_plain
+from portkern.base.records import record, to_plain
 
 
 class CorruptRecordError(CacheError):
     """A stored record cannot be decoded or does not have the shape of its kind."""
 
 
-@dataclass
+@record
 class Entry:
     """Metadata of one cached native artifact."""
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
+
+from portkern.base.records import record
 
 #: Pending counts are written at least this often (seconds) by a process that keeps looking up.
 FLUSH_S = 60.0
 
 
-@dataclass
+@record
 class Pending:
     """Counts taken out of a `HitLog` to be written in one transaction."""
 

@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
+from portkern.base.records import record
 from portkern.cache.remote import NATIVE, PRESENT, PUBLISHED, RemoteCache
 from portkern.cache.store import Store
 
@@ -13,7 +14,7 @@ from portkern.cache.store import Store
 NOT_CACHED = "no longer in the local cache"
 
 
-@dataclass
+@record
 class Publication:
     """What became of native code offered to the remote tier: by cache key, `PUBLISHED` (written
     now), `PRESENT` (the fleet had it) or why it is not there."""

@@ -14,9 +14,9 @@ import shutil
 import sys
 import time
 from collections.abc import Collection
-from dataclasses import dataclass
 from pathlib import Path
 
+from portkern.base.records import record
 from portkern.cache import database
 from portkern.cache.entry import Entry
 
@@ -32,7 +32,7 @@ BUNDLES = "bundles"
 PARAMETERS = "parameters"
 
 
-@dataclass
+@record
 class Finding:
     """One inconsistency `verify` found and removed (or repaired), or, when `fixed` is false, what
     it found but could not remove or could not check (a read-only or unusable directory)."""

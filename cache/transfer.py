@@ -17,14 +17,14 @@ are suggestions (their code is built here) and import either way.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import field
 from pathlib import Path
 from typing import Any, Iterable
 
 from portkern import schemas
 from portkern.base import framing, signing
 from portkern.base.errors import CacheError
-from portkern.base.records import to_plain, wire
+from portkern.base.records import record, to_plain, wire
 from portkern.cache import metrics
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.keys import artifact_key, tuning_key
@@ -35,7 +35,7 @@ FORMAT = framing.Format.with_error("cache export", MAGIC, 1, 0, CacheError)
 MAX_EXPORT_BYTES = 16 << 30
 
 
-@dataclass
+@record
 class TransferReport:
     """What an export or import moved, and what it refused."""
 

@@ -35,13 +35,13 @@ import threading
 import time
 import weakref
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import field
 from multiprocessing.connection import wait
 from typing import IO, Any, Callable, Iterable
 
 from portkern.base import errors, settings
 from portkern.base.errors import FinalizeError, PortkernError, brief
-from portkern.base.records import frozen_record
+from portkern.base.records import frozen_record, record
 from portkern.cache import scratch
 from portkern.jit import background, handlers
 from portkern.jit.target import Target
@@ -147,7 +147,7 @@ class Job:
         return cls(id, "opencl", name, target, {"record": record, "blobs": blobs, "config": config})
 
 
-@dataclass(kw_only=True)
+@record(kw_only=True)
 class Compiled:
     """How far a compile got, and what it cost."""
 
@@ -165,7 +165,7 @@ class Compiled:
         return self.status == "ok"
 
 
-@dataclass(kw_only=True)
+@record(kw_only=True)
 class Result(Compiled):
     """A job's outcome: status "ok" with its `data`, or "error", "crash", "oom" or "timeout"."""
 

@@ -25,11 +25,12 @@ from __future__ import annotations
 import itertools
 import re
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, cast
 
 from portkern.base.errors import BuildError, CompileError
+from portkern.base.records import record
 from portkern.portable.bundle import Signature
 from portkern.portable.compiler import Compiler, operations
 from portkern.portable.contract import (
@@ -264,7 +265,7 @@ def _onnx_graph(path: Path) -> tuple[list[tuple[str, list[str]]], list[tuple[str
     return describe(model.graph.input), describe(model.graph.output)
 
 
-@dataclass
+@record
 class Groups:
     """Union-find over dimension atoms, with what each group holds."""
 
@@ -318,7 +319,7 @@ class Groups:
         return term[0] != "-" and all(self.natural_term(t) for t in term[1:3])
 
 
-@dataclass
+@record
 class Derivation:
     """The groups found in a kernel's IR: what ties which argument and result dimensions."""
 
@@ -904,7 +905,7 @@ class Unresolved(Exception):
     """A size a condition needs is not known in terms of the arguments' dimensions."""
 
 
-@dataclass
+@record
 class _Lin:
     """A size as a linear combination of atoms (symbols, or texts of what is not linear) and a constant."""
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Mapping, Optional, Sequence, Union
 
 import pytest
 
-from portkern.base.records import from_plain, frozen_record, to_plain, wire
+from portkern.base.records import from_plain, frozen_record, record, to_plain, wire
 
 
 @dataclass(frozen=True)
@@ -174,3 +174,72 @@ def test_frozen_records_inherit_and_set_their_own_derived_fields():
         with pytest.raises(dataclasses.FrozenInstanceError):
             setattr(made, name, "x")
     assert dataclasses.replace(made, size=5).label == "a:5B"
+
+
+def _init_twins(declare):
+    """One record with every kind of field `__init__` handles, declared with `declare` and with the
+    matching `dataclass`."""
+    import dataclasses
+
+    def body():
+        return {
+            "__annotations__": {"a": "int", "b": "list", "c": "str", "derived": "int", "plain": "int", "named": "int"},
+            "b": field(default_factory=list),
+            "c": "x",
+            "derived": field(init=False, default=7),
+            "plain": field(init=False, default_factory=lambda: 8),
+            "named": field(default=0, kw_only=True),
+            "__module__": __name__,
+        }
+
+    frozen = declare is frozen_record
+    return declare(type("Twin", (), body())), dataclasses.dataclass(frozen=frozen)(type("Twin", (), body()))
+
+
+@pytest.mark.parametrize("declare", [frozen_record, record], ids=["frozen_record", "record"])
+def test_records_take_their_arguments_as_dataclasses_do(declare):
+    """The shared `__init__`: the same fields set from the same arguments (by position, by name,
+    defaults, default factories called for each record, keyword-only fields, fields `__init__` does
+    not take), the same TypeErrors for arguments a dataclass refuses, and the same signature."""
+    import dataclasses
+    import inspect
+
+    ours, theirs = _init_twins(declare)
+    for args, kwargs in [((1,), {}), ((1, [2], "y"), {"named": 3}), ((), {"a": 1, "c": "z"}), ((1,), {"b": [5]})]:
+        x, tx = ours(*args, **kwargs), theirs(*args, **kwargs)
+        assert vars(x) == vars(tx) and list(vars(x)) == list(vars(tx))  # the same fields, set in the same order
+        assert repr(x) == repr(tx) and dataclasses.asdict(x) == dataclasses.asdict(tx)
+    assert ours(1).b is not ours(1).b  # a factory's value per record
+    for args, kwargs in [((), {}), ((1, [], "y", 4), {}), ((1,), {"a": 2}), ((1,), {"derived": 2}), ((1,), {"other": 2}), ((1, [], "y"), {"c": "z"})]:
+        with pytest.raises(TypeError):
+            theirs(*args, **kwargs)
+        with pytest.raises(TypeError):
+            ours(*args, **kwargs)
+    assert str(inspect.signature(ours)) == str(inspect.signature(theirs))
+    assert dataclasses.replace(ours(1, named=2), c="q") == ours(1, c="q", named=2)
+
+
+def test_mutable_records_behave_as_dataclasses():
+    """`record`: fields can be set again, equality by fields, unhashable, as `dataclass()` makes them."""
+    ours, theirs = _init_twins(record)
+    x = ours(1)
+    x.a = 5
+    assert x.a == 5 and x == ours(5) and x != ours(6) and (x == theirs(5)) is False
+    assert ours.__hash__ is None and theirs.__hash__ is None
+    with pytest.raises(TypeError):
+        hash(x)
+
+
+def test_records_with_init_vars_keep_dataclasses_init():
+    """An `InitVar` goes to `__post_init__` through dataclasses' own `__init__`."""
+
+    @frozen_record
+    class Scaled:
+        value: int
+        scale: InitVar[int] = 1
+        scaled: int = field(init=False, default=0)
+
+        def __post_init__(self, scale):
+            object.__setattr__(self, "scaled", self.value * scale)
+
+    assert Scaled(2, 3).scaled == 6 and Scaled(2).scaled == 2

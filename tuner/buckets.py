@@ -24,11 +24,11 @@ The decisions are stored per bucket in the tuning DB
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Callable, Mapping, Sequence
 
 from portkern.base.errors import ArgumentShapeError, PortkernError, TuningError, one_line
-from portkern.base.records import frozen_record, to_plain
+from portkern.base.records import frozen_record, record, to_plain
 from portkern.cache.tuning import TuningDB
 from portkern.jit.buckets import BucketRecord, read_index, specialised_bundle
 from portkern.jit.native import NativeCode
@@ -64,7 +64,7 @@ def verdict(repeats: Sequence[Sequence[float | None]], min_gain: float) -> Verdi
     return Verdict(wins(1), wins(2))
 
 
-@dataclass
+@record
 class BucketResult:
     """What tuning for one shape found."""
 

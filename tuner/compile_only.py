@@ -12,10 +12,10 @@ from __future__ import annotations
 import hashlib
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Callable
 
-from portkern.base.records import to_plain
+from portkern.base.records import record, to_plain
 from portkern.jit import codeobject
 from portkern.jit.finalize import CONFIGURED_PHASE
 from portkern.jit.native import NativeCode
@@ -27,7 +27,7 @@ from portkern.tuner.evaluate import Evaluator, IreeCandidates
 from portkern.tuner.kernel_config import DEFAULT, KernelConfig
 
 
-@dataclass
+@record
 class SpaceReport:
     """One dispatch's space, compiled: how many candidates, how many gave valid code, why the others failed."""
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 import hashlib
 import math
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import field
 from functools import partial
 from typing import Any
 
 from portkern.base import settings
 from portkern.base.errors import CompileForbiddenError, KernelRuntimeError, PortkernError, TuningError, one_line
-from portkern.base.records import to_plain
+from portkern.base.records import record, to_plain
 from portkern.cache import metrics
 from portkern.cache.tuning import TuningDB
 from portkern.jit.finalize import CONFIGURED_PHASE, module_options
@@ -56,7 +56,7 @@ WHOLE_ROUNDS = 8
 _DUMP_PASS = "builtin.module(iree-hal-dump-executable-benchmarks{{path={path}}})"
 
 
-@dataclass
+@record
 class DispatchTime:
     """One dispatch of a kernel under one config, timed alone."""
 
@@ -78,7 +78,7 @@ class DispatchTime:
     note: str = ""
 
 
-@dataclass
+@record
 class ConfigProfile:
     """A kernel's dispatches under one kernel config, and its whole call."""
 
@@ -100,7 +100,7 @@ class ConfigProfile:
         return {**to_plain(self), "sum_s": self.sum_s}
 
 
-@dataclass
+@record
 class KernelProfile:
     """A kernel's per-dispatch profile on a device, for each config profiled."""
 
@@ -168,7 +168,7 @@ def profile_kernel(
     return profile
 
 
-@dataclass
+@record
 class _Benchmarks:
     """A config's dispatches and, per dispatch index, its benchmarks' native code and functions."""
 

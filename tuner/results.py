@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any
 
-from portkern.base.records import from_plain, to_plain, wire
+from portkern.base.records import from_plain, record, to_plain, wire
 from portkern.jit.workers import Compiled
 from portkern.tuner.measure import Timing
 
@@ -13,7 +13,7 @@ from portkern.tuner.measure import Timing
 FAILED = ("error", "crash", "oom", "timeout", "unloadable")
 
 
-@dataclass(kw_only=True)
+@record(kw_only=True)
 class Evaluation(Compiled):
     """One candidate kernel config: compiled, checked against the default, timed.
 
@@ -32,7 +32,7 @@ class Evaluation(Compiled):
         return to_plain(self)
 
 
-@dataclass
+@record
 class DispatchResult:
     """The config chosen for one dispatch, and how it was found."""
 
@@ -74,7 +74,7 @@ class DispatchResult:
         return from_plain(cls, data)
 
 
-@dataclass
+@record
 class TuneResult:
     """The config chosen for one kernel on one device."""
 

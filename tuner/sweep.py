@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Sequence
 
 from portkern.base.errors import PortkernError
-from portkern.base.records import frozen_record, to_plain
+from portkern.base.records import frozen_record, record, to_plain
 from portkern.jit import finalize
 from portkern.portable.bundle import IREE_KINDS
 from portkern.tuner import analysis, registry
@@ -138,7 +138,7 @@ def sweep_bundle(tuner, loaded, target, strategies: Sequence[str], budget: int |
     return outcomes
 
 
-@dataclass
+@record
 class Tally:
     """Outcomes counted: dispatch outcomes, results, reasons and errors by kind, untyped errors."""
 

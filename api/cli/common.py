@@ -9,10 +9,10 @@ import os
 import re
 import sys
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from portkern.base.errors import PortkernError, UsageError, brief, printable
+from portkern.base.records import record
 
 #: Version of the `--json` output of `build`, `check`, `finalize`, `run` and `tune` (its `json_format` field);
 #: raised when a field changes meaning or goes away.
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 Render = Callable[["Console"], None]  # rich's Console, imported lazily
 
 
-@dataclass
+@record
 class Report:
     data: Any
     render: Render | None = None
