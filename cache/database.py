@@ -37,6 +37,11 @@ PAGE_SIZE = 1 << 16
 MMAP_SIZE = 1 << 26
 #: Bytes of write-ahead log kept after a checkpoint (a batch of large artifacts grows it past this).
 WAL_KEPT = 64 << 20
+#: Seconds a write waits for another process's write lock where waiting longer is not worth it: once
+#: a wait of `Database.timeout` has run out in this process, and for what the store drops when busy
+#: (hit counts, counters, memos): a process that holds the lock long (an import, a verify, a stopped
+#: writer) keeps neither a lookup nor an exit waiting.
+LOCKED_WAIT = 0.25
 #: Tried in order for a read-only directory.
 _READ_ONLY_MODES = ("mode=ro", "mode=ro&immutable=1")
 _RECORDS = "CREATE TABLE IF NOT EXISTS portkern_records (name TEXT PRIMARY KEY, value NOT NULL)"
@@ -89,6 +94,9 @@ class Database:
         self.directory = Path(directory)
         self.read_only = read_only
         self.timeout = timeout
+        #: How long `transact` waits for another process's write transaction when not told: None
+        #: (`timeout`), or `LOCKED_WAIT` once a wait of `timeout` ran out, until a transaction begins.
+        self.write_wait: float | None = None
         self._local = _Local()
         path = self.directory / DATABASE
         if not read_only:
@@ -152,8 +160,12 @@ class Database:
             con.close()
 
     @contextmanager
-    def transact(self) -> Iterator[sqlite3.Connection]:
-        """A write transaction (`BEGIN IMMEDIATE`) on this thread's connection; nested ones join it."""
+    def transact(self, wait: float | None = None) -> Iterator[sqlite3.Connection]:
+        """A write transaction (`BEGIN IMMEDIATE`) on this thread's connection; nested ones join it.
+        Another process's write transaction is waited for up to `wait` seconds, then
+        `sqlite3.OperationalError` ("database is locked"); by default `timeout`, and after a wait of
+        `timeout` ran out `LOCKED_WAIT` until a transaction begins again (a process that holds the
+        lock that long, a stopped one, keeps this one waiting once, not for each write)."""
         con, local = self.con, self._local
         if local.depth:
             local.depth += 1
@@ -162,7 +174,21 @@ class Database:
             finally:
                 local.depth -= 1
             return
-        con.execute("BEGIN IMMEDIATE")
+        full = wait is None and self.write_wait is None
+        if full:
+            try:
+                con.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                if "locked" in str(exc):
+                    self.write_wait = LOCKED_WAIT
+                raise
+        else:
+            con.execute(f"PRAGMA busy_timeout = {max(0, int((self.write_wait if wait is None else wait) * 1000))}")
+            try:
+                con.execute("BEGIN IMMEDIATE")
+            finally:
+                con.execute(f"PRAGMA busy_timeout = {int(self.timeout * 1000)}")
+        self.write_wait = None
         local.depth, local.doomed = 1, []
         try:
             yield con

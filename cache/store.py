@@ -50,7 +50,7 @@ from portkern.base.errors import CacheError
 from portkern.base.logs import logger
 from portkern.cache import index
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
-from portkern.cache.database import DATABASE, Database, identity, writable
+from portkern.cache.database import DATABASE, LOCKED_WAIT, Database, identity, writable
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.entry import CorruptRecordError, Entry
 from portkern.cache.hits import HitLog, Pending
@@ -381,7 +381,7 @@ class Store:
             if db is None:
                 return default
             try:
-                return action(db)
+                done = action(db)
             except Exception as exc:  # noqa: BLE001 - the store's boundary: a failing directory degrades, never fails a kernel
                 if attempt == 0 and damaged(exc) and not layer.read_only and self._move_aside(layer, exc, layer.identity):
                     continue
@@ -390,6 +390,7 @@ class Store:
                     return default
                 self._fail(layer, what, exc)
                 return default
+            return done
         return default
 
     def _each(self, what: str, action: Callable[[Database], _T], default: _T) -> Iterator[_T]:
@@ -827,8 +828,9 @@ class Store:
 
     def flush(self) -> None:
         """Write pending hit and miss counts now (one transaction; nothing when there are none).
-        Counts that cannot be written (a read-only or busy database) are dropped: they are
-        statistics, never a reason to stop serving hits."""
+        Counts that cannot be written (a read-only database, or one whose write lock another
+        process holds for longer than `LOCKED_WAIT`) are dropped: they are statistics, never a
+        reason to keep a lookup or the process's exit waiting."""
         if not self._hits.pending():
             return
         layer = self._writer(warn=False)
@@ -837,7 +839,7 @@ class Store:
         if db is None:
             return
         try:
-            with db.transact():
+            with db.transact(wait=LOCKED_WAIT):
                 self._record(db, pending)
         except Exception:  # noqa: BLE001 - see above
             pass
@@ -855,13 +857,18 @@ class Store:
 
     def add_counts(self, deltas: dict[str, int]) -> None:
         """Add to named counters now, in one transaction (`cache.metrics` names them); dropped where
-        nothing is writable: they are statistics."""
+        nothing is writable or another process holds the write lock for longer than `LOCKED_WAIT`:
+        they are statistics."""
         if not any(deltas.values()):
             return
 
         def write(db: Database) -> None:
-            with db.transact():
-                index.add_counts(db.con, **deltas)
+            try:
+                with db.transact(wait=LOCKED_WAIT):
+                    index.add_counts(db.con, **deltas)
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc):  # (busy: these counts are dropped, the directory stays in use)
+                    raise
 
         self._write("write", write, None)
 
@@ -885,13 +892,21 @@ class Store:
 
         return next((record for record in self._each("read", read, None) if record is not None), None)
 
-    def put_record(self, kind: str, key: str, record: dict[str, Any]) -> bool:
+    def put_record(self, kind: str, key: str, record: dict[str, Any], *, memo: bool = False) -> bool:
+        """Store a record; False where nothing is writable. A `memo` (what only saves a later process
+        work: a check passed, a probe's answer) is dropped, the directory kept in use, where another
+        process holds the write lock for longer than `LOCKED_WAIT`."""
         text = json.dumps(record, sort_keys=True)
 
         def write(db: Database) -> bool:
-            with db.transact():
-                self._write_counts(db)
-                db.set(f"{kind}/{key}", text)
+            try:
+                with db.transact(wait=LOCKED_WAIT if memo else None):
+                    self._write_counts(db)
+                    db.set(f"{kind}/{key}", text)
+            except sqlite3.OperationalError as exc:
+                if memo and "locked" in str(exc):
+                    return False
+                raise
             return True
 
         return bool(self._write("write", write, False))

@@ -30,4 +30,4 @@ class VerifiedSignatures:
 
     def remember(self, check: Verified) -> None:
         """Remember a check model-signing's verifier passed."""
-        self.store.put_record(RECORD_KIND, signature_key(check), dataclasses.asdict(check))
+        self.store.put_record(RECORD_KIND, signature_key(check), dataclasses.asdict(check), memo=True)

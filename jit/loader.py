@@ -118,7 +118,7 @@ def load(
             "its kernels are compiled from their source stage", CompatibilityWarning, stacklevel=3,
         )
     if not any(seen):
-        store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name})
+        store.put_record("v", validated_key(bundle.digest, schema), {"bundle": bundle.name}, memo=True)
     return LoadedBundle(bundle, Path(path), store, pool, tuning)
 
 

@@ -299,7 +299,7 @@ class MappedSection:
             out.close()
         key = copy_key(target, made, self.section.root)
         forget(self.store, {str(target)})  # the copy this one replaced, if any
-        self.store.put_record(RECORD_KIND, key, {"chunks": list(range(len(self.section.chunks))), "path": str(target)})
+        self.store.put_record(RECORD_KIND, key, {"chunks": list(range(len(self.section.chunks))), "path": str(target)}, memo=True)
         log.debug("%s: parameters copied to %s and checked (%s, %.2f s)", self.path, target, format_size(made.st_size), time.monotonic() - started)
         return buffer, key
 
@@ -315,7 +315,7 @@ class MappedSection:
                 # hashed in the memory the runtime reads
                 verify_chunks(cast(BinaryIO, buffer), self.section, needed, where)
                 self._checked.update(needed)
-                self.store.put_record(RECORD_KIND, self._identity, {"chunks": sorted(self._checked), "path": str(self.path)})
+                self.store.put_record(RECORD_KIND, self._identity, {"chunks": sorted(self._checked), "path": str(self.path)}, memo=True)
             if self._mapped:
                 self._prefetch(record, buffer)
             return KernelParameters(buffer, self.section, record.parameters)

@@ -129,7 +129,7 @@ def memoised(parts: tuple[str, ...], make: Callable[[], dict], store: "Store | N
     if value is None:
         value = stored if isinstance(stored, dict) else make()
     if store is not None and stored != value:
-        store.put_record("p", key, value)
+        store.put_record("p", key, value, memo=True)
     with _memo_lock:
         _memo[key] = value
     return value

@@ -58,6 +58,37 @@ def test_eight_processes_on_one_cold_kernel(examples_bundle, tmp_path):
     assert entry.kernel == "gemm_bias_relu" and store.verify() == []
 
 
+# Holds the write lock of the cache database at argv[1] until killed (a long import, a stopped writer).
+HOLD_WRITE_LOCK = textwrap.dedent(
+    """
+    import sqlite3, sys, time
+    con = sqlite3.connect(sys.argv[1], isolation_level=None)
+    con.execute("BEGIN IMMEDIATE")
+    print("holding", flush=True)
+    time.sleep(3600)
+    """
+)
+
+
+def test_a_process_holding_the_write_lock_keeps_no_warm_process_waiting(examples_bundle, tmp_path):
+    """A warm process counts its hits at exit; where another process holds the cache's write lock
+    (SQLite's wait is 60 s), the counts are dropped, and the warm process serves, checks its result
+    and exits as it would on an idle cache. Several runs, each far within the lock's wait."""
+    assert last_json(spawn(RUN_EXAMPLES, examples_bundle, "gemm_glu", cache_dir=tmp_path))["ok"]
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_WRITE_LOCK, str(tmp_path / "v1" / "cache.db")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        for _ in range(3):
+            began = time.monotonic()
+            report = last_json(spawn(RUN_EXAMPLES, examples_bundle, "gemm_glu", cache_dir=tmp_path))
+            took = time.monotonic() - began
+            assert report["ok"] and report["origins"] == {"gemm_glu": "cache"}, report
+            assert took < 30, f"a warm process took {took:.1f} s while another held the write lock"
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_thirty_sigkills_during_writes_then_verify_and_clear(tmp_path):
     """Writers of 4 MiB artifacts, three at a time, killed 30 times: every entry left is intact,
     `verify` removes what the kills left behind (partial files, locks), and `clear` leaves no file."""
