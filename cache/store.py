@@ -949,7 +949,9 @@ class Store:
 
     def lock(self, key: str, timeout: float = 900.0) -> ContextManager[None]:
         """A cross-process lock for building `key`, so concurrent processes build it once (in the
-        directory new entries go to; none when no directory is writable)."""
+        directory new entries go to; none when no directory is writable). Held by another process
+        for more than `timeout` seconds, it is not taken: the caller goes on unlocked (duplicate work,
+        never a failure)."""
         layer = self._writer()
         if layer is None:
             return nullcontext()

@@ -248,7 +248,9 @@ class NativeCode:
             jobs: dict[int, tuple[Job, Plan]] = {}
             for hex_key, index in cold:
                 plan = plans[index]
-                locks.enter_context(self.store.lock(hex_key))
+                # Waited for no longer than the holder's compile may run: a holder that has not stored
+                # the code by then (stopped, or building many kernels) leaves this one to build it too.
+                locks.enter_context(self.store.lock(hex_key, timeout=settings.compile_timeout_s()))
                 fleet_wide = locks.enter_context(remote.lock(hex_key, plan.name)) if remote is not None else False
                 # (built meanwhile by another process, here or in the fleet)
                 outcome: Native | PortkernError | None = self.cached(plan, count=False) or (self._from_remote(plan) if fleet_wide else None)

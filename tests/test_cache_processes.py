@@ -89,6 +89,49 @@ def test_a_process_holding_the_write_lock_keeps_no_warm_process_waiting(examples
         holder.wait()
 
 
+def _held(lock: Path) -> bool:
+    """Whether another process holds the file lock `lock` (filelock's `flock`)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_a_stopped_process_holding_a_build_lock_keeps_others_waiting_only_as_long_as_a_compile(examples_bundle, tmp_path):
+    """A process stopped (Ctrl-Z, a debugger) while it holds a cold kernel's build lock: another
+    process asking for the kernel waits for the lock no longer than a compile may run
+    (`PORTKERN_COMPILE_TIMEOUT`, here 3 s), then builds it itself; both results are right."""
+    from portkern.cache.repair import LOCKS
+
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(tmp_path), "PORTKERN_BACKGROUND": "0"}
+    holder = subprocess.Popen([sys.executable, "-c", RUN_EXAMPLES, str(examples_bundle), "gemm_glu"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(_held(lock) for lock in (tmp_path / "v1" / LOCKS).glob("*.lock")):
+            assert holder.poll() is None and time.monotonic() < deadline, "the first process never held a build lock"
+            time.sleep(0.01)
+        holder.send_signal(signal.SIGSTOP)
+        waiter = subprocess.run([sys.executable, "-c", RUN_EXAMPLES, str(examples_bundle), "gemm_glu"], capture_output=True,
+                                text=True, timeout=120, env={**env, "PORTKERN_COMPILE_TIMEOUT": "3s"})
+        report = last_json(waiter)
+        assert report["ok"] and report["origins"] == {"gemm_glu": "finalized"}, report
+    finally:
+        holder.send_signal(signal.SIGCONT)
+    assert last_json(holder)["ok"]
+
+
 def test_thirty_sigkills_during_writes_then_verify_and_clear(tmp_path):
     """Writers of 4 MiB artifacts, three at a time, killed 30 times: every entry left is intact,
     `verify` removes what the kills left behind (partial files, locks), and `clear` leaves no file."""
