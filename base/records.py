@@ -105,7 +105,7 @@ def _with_shared_methods(c: type[R], options: Mapping[str, Any]) -> tuple[type[R
     shared_init = init and "__init__" not in own and not _has_init_vars(c)
     made = dataclasses.dataclass(c, init=init and not shared_init, repr=False, eq=False, **rest)
     if shared_init:
-        made.__init__ = _record_init  # type: ignore[misc]
+        made.__init__ = _record_init  # type: ignore[method-assign]
         made.__signature__ = _SIGNATURE  # type: ignore[attr-defined]
     if shown and "__repr__" not in own:
         made.__repr__ = _record_repr  # type: ignore[method-assign]

@@ -174,8 +174,9 @@ class Database:
             finally:
                 local.depth -= 1
             return
-        full = wait is None and self.write_wait is None
-        if full:
+        if wait is None:
+            wait = self.write_wait
+        if wait is None:
             try:
                 con.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
@@ -183,7 +184,7 @@ class Database:
                     self.write_wait = LOCKED_WAIT
                 raise
         else:
-            con.execute(f"PRAGMA busy_timeout = {max(0, int((self.write_wait if wait is None else wait) * 1000))}")
+            con.execute(f"PRAGMA busy_timeout = {max(0, int(wait * 1000))}")
             try:
                 con.execute("BEGIN IMMEDIATE")
             finally:

@@ -108,15 +108,15 @@ def test_frozen_records_behave_as_frozen_dataclasses(options):
         assert hash(x) == hash(tx)
         assert dataclasses.is_dataclass(x) and dataclasses.asdict(x) == dataclasses.asdict(tx)
         assert dataclasses.replace(x, a=7).a == 7
-        for record in (x, tx):  # the frozen guards alike: no field set again, nothing added or deleted
+        for made_one in (x, tx):  # the frozen guards alike: no field set again, nothing added or deleted
             with pytest.raises(dataclasses.FrozenInstanceError):
-                record.a = 9
+                made_one.a = 9
             with pytest.raises(dataclasses.FrozenInstanceError):
-                record.unhashed = 9  # (a field holding its default)
+                made_one.unhashed = 9  # (a field holding its default)
             with pytest.raises(added_error):
-                record.other = 1
+                made_one.other = 1
             with pytest.raises(dataclasses.FrozenInstanceError):
-                del record.a
+                del made_one.a
         assert (x.a, x.b) == (tx.a, tx.b)
         assert copy.copy(x) == x and copy.deepcopy(x) == x and dataclasses.replace(x) == x
         for y, ty in made:
