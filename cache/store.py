@@ -381,7 +381,7 @@ class Store:
             if db is None:
                 return default
             try:
-                done = action(db)
+                return action(db)
             except Exception as exc:  # noqa: BLE001 - the store's boundary: a failing directory degrades, never fails a kernel
                 if attempt == 0 and damaged(exc) and not layer.read_only and self._move_aside(layer, exc, layer.identity):
                     continue
@@ -390,7 +390,6 @@ class Store:
                     return default
                 self._fail(layer, what, exc)
                 return default
-            return done
         return default
 
     def _each(self, what: str, action: Callable[[Database], _T], default: _T) -> Iterator[_T]:
