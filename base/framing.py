@@ -142,18 +142,22 @@ def file_sha256(f: BinaryIO, chunk: int = 1 << 20) -> str:
     return digest.hexdigest()
 
 
-def _open_regular(path: Path, what: str, error: type[Exception]) -> tuple[BinaryIO, int]:
+def open_regular(path: str | Path, what: str, error: type[Exception], buffering: int = -1) -> tuple[BinaryIO, int]:
     """A regular file opened for reading, and its size; `error` for anything else (a device
     such as /dev/zero, whose size says nothing of what reading it gives; a named pipe, whose
-    opening waits for a writer). Checked before opening and again on what was opened."""
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        raise error(f"{path}: cannot read {what}: not a regular file")
-    f = open(path, "rb")
-    st = os.fstat(f.fileno())
-    if not stat.S_ISREG(st.st_mode):
-        f.close()
-        raise error(f"{path}: cannot read {what}: not a regular file")
-    return f, st.st_size
+    opening would wait for a writer: it is opened without waiting, then refused). OSError
+    where it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path}: cannot read {what}: not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return open(fd, "rb", buffering=buffering), st.st_size
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def read_bounded(
@@ -165,7 +169,7 @@ def read_bounded(
     path = Path(path)
     try:
         if regular:
-            f, size = _open_regular(path, what, error)
+            f, size = open_regular(path, what, error)
         else:
             f = open(path, "rb")
             st = os.fstat(f.fileno())
@@ -188,7 +192,7 @@ def read_head(path: str | Path, magic: bytes, limit: int, round_to: int, what: s
     for what is not a regular file."""
     path = Path(path)
     try:
-        f, size = _open_regular(path, what, error)
+        f, size = open_regular(path, what, error)
         with f:
             head = f.read(HEADER_SIZE)
             want = size

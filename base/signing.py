@@ -53,7 +53,7 @@ from typing import Any, Protocol
 
 from portkern.base import settings
 from portkern.base.errors import KeyFileError, SignatureError, UnsignedError, UntrustedKeyError, brief
-from portkern.base.framing import read_bounded
+from portkern.base.framing import open_regular, read_bounded
 from portkern.base.records import frozen_record
 
 #: Suffix of a detached signature file.
@@ -393,8 +393,9 @@ def _verify_path(path: Path, signature: bytes, trusted: tuple[TrustedKey, ...], 
     before: list[tuple[int, ...]] = []
 
     def check_of(key: TrustedKey) -> Verified | None:
-        try:
-            with open(path, "rb") as f:
+        try:  # (a named pipe swapped in is refused, not waited on)
+            f, _ = open_regular(path, "a signed file", OSError)
+            with f:
                 before.append(_identity(os.fstat(f.fileno())))
                 content = _sha256(f)
         except OSError:

@@ -275,8 +275,12 @@ class Database:
             return None
         filename, mode, value = row
         if filename is not None:
-            try:
-                value = (self.directory / filename).read_bytes()
+            from portkern.base.framing import open_regular  # (diskcache's value files only)
+
+            try:  # (a named pipe or a device there is refused, not read)
+                f, _ = open_regular(self.directory / filename, "a cache value", OSError)
+                with f:
+                    value = f.read()
             except OSError:
                 return None  # removed meanwhile by its writer, or lost: the entry reads as damaged
             if mode == _DISKCACHE_TEXT:

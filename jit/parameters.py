@@ -40,14 +40,13 @@ import io
 import mmap
 import os
 import shutil
-import stat
 import threading
 import time
 from pathlib import Path
 from typing import BinaryIO, cast
 
 from portkern.base.errors import BundleChangedError, BundleError, BundleTruncatedError
-from portkern.base.framing import HEADER_SIZE
+from portkern.base.framing import HEADER_SIZE, open_regular
 from portkern.base.logs import logger
 from portkern.base.records import frozen_record
 from portkern.base.settings import format_size
@@ -126,7 +125,7 @@ class MappedSection:
         self.store = store
         self._lock = threading.Lock()
         try:
-            self._file: io.BufferedReader | None = open(path, "rb")
+            self._file: io.BufferedReader | None = cast(io.BufferedReader, open_regular(path, "the parameter section", BundleError)[0])
         except OSError as exc:
             raise BundleError(f"{path}: cannot read the parameter section: {exc.strerror or exc}") from None
         self._buffer: mmap.mmap | None = None
@@ -239,13 +238,13 @@ class MappedSection:
 
     def _checked_copy(self, path: Path) -> tuple[mmap.mmap, str] | None:
         """The copy at `path` mapped, when it is the file this cache remembers as checked whole."""
-        try:
-            file = open(path, "rb", buffering=0)
-        except OSError:
+        try:  # (whatever is at the path: a named pipe there is refused, not waited on)
+            file, size = open_regular(path, "a parameter copy", BundleError, buffering=0)
+        except (OSError, BundleError):
             return None
         with file:
             st = os.fstat(file.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_size != self.section.end:
+            if size != self.section.end:
                 return None
             key = copy_key(path, st, self.section.root)
             remembered = self.store.get_record(RECORD_KIND, key) or {}

@@ -161,3 +161,25 @@ def test_an_index_a_later_release_of_this_layout_marked_is_used_as_it_is(tmp_pat
     reopened.close()
     with closing(sqlite3.connect(directory / "cache.db")) as con:
         assert con.execute("SELECT value FROM portkern_meta WHERE name = 'schema'").fetchone() == ("2",)
+
+
+def test_a_named_pipe_in_place_of_an_older_writers_value_file_is_a_miss(tmp_path):
+    """Whoever can write in the cache directory swaps one of diskcache's value files for a named
+    pipe: the lookup is a miss in a fresh process (the entry reads as damaged), not a wait."""
+    directory = tmp_path / "v1"
+    Store(CacheConfig(directory, 1 << 30, False)).close()
+    older = older_release(directory)
+    key, data, entry = synthetic(1, 50_000, kernel="old")  # (large enough for a value file)
+    older_put(older, key, data, entry, indexed=False)
+    older.close()
+    (value_file,) = [p for p in directory.rglob("*.val")]
+    value_file.unlink()
+    os.mkfifo(value_file)
+    script = ("import sys; from pathlib import Path; from portkern.cache.config import CacheConfig; "
+              "from portkern.cache.store import Store; "
+              "print(Store(CacheConfig(Path(sys.argv[1]), 1 << 30, False)).get(sys.argv[2]) is None)")
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(directory), key], capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a lookup waited on a named pipe in place of a value file")
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-3000:]

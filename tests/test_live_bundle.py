@@ -397,3 +397,33 @@ def test_a_copy_is_made_once_by_processes_starting_together(tmp_path, library):
     assert sorted(log.count(f"parameters copied to {copies[0]}") for log in logs) == [0, 1], logs
     made = [record for _, record in Store(from_env(cache)).records(mapped.RECORD_KIND) if record.get("path") == str(copies[0])]
     assert len(made) == 1, made  # and recorded
+
+
+def test_a_named_pipe_where_the_checked_copy_lies_is_passed_over(tmp_path, library):
+    """Whoever can write in the cache directory puts a named pipe where portkern keeps its checked
+    copy of a large bundle: a later process does not wait on it (opening a pipe waits for a
+    writer); it makes a copy of its own and computes the same numbers."""
+    built, widths = library("mapped"), SIZES["mapped"]
+    cache = tmp_path / "cache"
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache)}
+    script = textwrap.dedent(
+        """
+        import sys
+        import numpy as np
+        import portkern
+        from portkern.examples.large_mlp import reference
+        widths = tuple(int(w) for w in sys.argv[2].split(","))
+        x = np.random.default_rng(0).standard_normal((8, widths[0]), dtype=np.float32)
+        assert np.allclose(portkern.load(sys.argv[1]).kernel("mlp")(x), reference(x, widths, 1), rtol=1e-4, atol=1e-4)
+        """
+    )
+    argv = [sys.executable, "-c", script, str(built[1][0]), ",".join(map(str, widths))]
+    subprocess.run(argv, env=env, check=True, timeout=600)
+    (copy,) = cache.glob("*/parameters/*.pkb")
+    copy.unlink()
+    os.mkfifo(copy)
+    try:
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("a process waited on a named pipe at the checked copy's path")
+    assert done.returncode == 0, done.stderr[-3000:]
