@@ -26,6 +26,7 @@ from onnx.backend.base import Backend, BackendRep, Device, DeviceType, namedtupl
 
 from portkern.base import errors
 from portkern.base.errors import ArgumentTypeError, BuildError, BundleError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
+from portkern.base.framing import read_bounded
 from portkern.bundle import load
 from portkern.cache.repair import BUNDLES
 from portkern.cache.scratch import part_path, stale_part
@@ -194,6 +195,10 @@ def bundle_dirs(store: Store) -> tuple[list[Path], Path | None]:
     return [Path(p["directory"]) / BUNDLES for p in usable], writable
 
 
+#: The largest build-notes file kept beside a bundle that is read (bytes).
+NOTES_LIMIT = 1 << 20
+
+
 def cached_bundle(store: Store, key: str) -> LoadedBundle | None:
     """The kept bundle named `key`, loaded (its build's warnings shown again), or None. One the
     loader refuses is removed where this process may."""
@@ -211,8 +216,8 @@ def cached_bundle(store: Store, key: str) -> LoadedBundle | None:
                 except OSError:
                     pass
             continue
-        try:
-            notes = json.loads(path.with_suffix(".json").read_text()).get("warnings") or []
+        try:  # (a regular file of bounded size: a named pipe or a huge file there is passed over)
+            notes = json.loads(read_bounded(path.with_suffix(".json"), NOTES_LIMIT, "kept build notes", OSError, regular=True)).get("warnings") or []
         except (OSError, ValueError, AttributeError):
             notes = []
         for note in notes:

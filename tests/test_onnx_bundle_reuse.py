@@ -111,3 +111,26 @@ def test_cache_verify_keeps_the_bundles_and_clear_removes_them(store):
     rep = backend.prepare(model, "CPU", store=store)
     assert rep.bundle_origin == "built"
     np.testing.assert_allclose(rep.run([X]).y, reference(model), rtol=RTOL, atol=ATOL)
+
+
+def test_a_named_pipe_in_place_of_a_kept_bundles_notes_is_passed_over(tmp_path):
+    """Whoever can write in the cache directory swaps the build notes kept beside a bundle
+    (`<digest>.json`) for a named pipe: a later `prepare` in a fresh process neither waits on it
+    nor fails; it loads the kept bundle and computes the same numbers."""
+    model = dense(6)
+    onnx.save_model(model, tmp_path / "m.onnx")
+    np.save(tmp_path / "x.npy", X)
+    env = {**os.environ, "PORTKERN_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-c", CHILD, str(tmp_path / "m.onnx"), str(tmp_path / "x.npy")]
+    assert subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600).returncode == 0
+    (notes,) = (tmp_path / "cache").rglob(f"{BUNDLES}/*.json")
+    notes.unlink()
+    os.mkfifo(notes)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail("prepare waited on a named pipe in place of the kept notes")
+    assert done.returncode == 0, done.stderr[-2000:]
+    run = json.loads(done.stdout.strip().splitlines()[-1])
+    assert run["origin"] == "cache"
+    np.testing.assert_allclose(np.array(run["y"], np.float32), reference(model), rtol=RTOL, atol=ATOL)
