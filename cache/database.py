@@ -83,6 +83,11 @@ class _Local(threading.local):
     legacy_read: bool = False
 
 
+def locked(exc: BaseException) -> bool:
+    """Whether an error says another connection holds the lock this one waited for ("database is locked")."""
+    return isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc)
+
+
 class Database:
     """The database of one cache directory, one connection per thread (and per process after a fork).
 
@@ -149,7 +154,7 @@ class Database:
                     self.con.execute(f"PRAGMA {name} = {value}").fetchall()
                 return
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() - start > self.timeout:
+                if not locked(exc) or time.monotonic() - start > self.timeout:
                     raise
                 time.sleep(0.001)
 
@@ -180,7 +185,7 @@ class Database:
             try:
                 con.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
-                if "locked" in str(exc):
+                if locked(exc):
                     self.write_wait = LOCKED_WAIT
                 raise
         else:

@@ -50,7 +50,7 @@ from portkern.base.errors import CacheError
 from portkern.base.logs import logger
 from portkern.cache import index
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
-from portkern.cache.database import DATABASE, LOCKED_WAIT, Database, identity, writable
+from portkern.cache.database import DATABASE, LOCKED_WAIT, Database, identity, locked, writable
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.entry import CorruptRecordError, Entry
 from portkern.cache.hits import HitLog, Pending
@@ -866,7 +866,7 @@ class Store:
                 with db.transact(wait=LOCKED_WAIT):
                     index.add_counts(db.con, **deltas)
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc):  # (busy: these counts are dropped, the directory stays in use)
+                if not locked(exc):  # (busy: these counts are dropped, the directory stays in use)
                     raise
 
         self._write("write", write, None)
@@ -903,7 +903,7 @@ class Store:
                     self._write_counts(db)
                     db.set(f"{kind}/{key}", text)
             except sqlite3.OperationalError as exc:
-                if memo and "locked" in str(exc):
+                if memo and locked(exc):
                     return False
                 raise
             return True
