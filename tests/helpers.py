@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 #: Skips a CI run expects (tests/conftest.py fails a run under CI on any other skip): a skip
 #: whose reason starts with `[kind] ` (`expected_skip`) is one of these kinds.
@@ -128,6 +129,20 @@ def spawn(script: str, *argv, cache_dir: Path) -> subprocess.Popen:
     """`python -c SCRIPT ARGV...` started with the default cache at `cache_dir` (output piped)."""
     env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache_dir)}
     return subprocess.Popen([sys.executable, "-c", script, *map(str, argv)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def run_past_a_pipe(pipe: Path, argv: list[str], what: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """The file at `pipe` replaced by a named pipe (whose opening waits for a writer), then `argv`
+    run in a fresh process (output captured); the test fails where that process is still waiting
+    after 120 s (it waited on the pipe: `what`) or exits with another status than 0."""
+    pipe.unlink()
+    os.mkfifo(pipe)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{what} waited on a named pipe at {pipe.name}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
 
 
 def last_json(proc: subprocess.Popen | subprocess.CompletedProcess) -> dict:

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("onnx", reason="ONNX models need the 'onnx' package")
 
-from helpers import logged, one_kernel_bundle
+from helpers import logged, one_kernel_bundle, run_past_a_pipe
 
 import portkern  # noqa: E402
 from portkern.base.errors import BundleChangedError, BundleTruncatedError, DigestMismatchError  # noqa: E402
@@ -420,10 +420,4 @@ def test_a_named_pipe_where_the_checked_copy_lies_is_passed_over(tmp_path, libra
     argv = [sys.executable, "-c", script, str(built[1][0]), ",".join(map(str, widths))]
     subprocess.run(argv, env=env, check=True, timeout=600)
     (copy,) = cache.glob("*/parameters/*.pkb")
-    copy.unlink()
-    os.mkfifo(copy)
-    try:
-        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail("a process waited on a named pipe at the checked copy's path")
-    assert done.returncode == 0, done.stderr[-3000:]
+    run_past_a_pipe(copy, argv, "a load of the bundle", env)  # (the child asserts its numbers)

@@ -16,7 +16,7 @@ import pytest
 
 onnx = pytest.importorskip("onnx", reason="the ONNX backend needs the onnx package (portkern[onnx])")
 
-from helpers import logged  # noqa: E402
+from helpers import last_json, logged, run_past_a_pipe  # noqa: E402
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
@@ -124,13 +124,6 @@ def test_a_named_pipe_in_place_of_a_kept_bundles_notes_is_passed_over(tmp_path):
     argv = [sys.executable, "-c", CHILD, str(tmp_path / "m.onnx"), str(tmp_path / "x.npy")]
     assert subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600).returncode == 0
     (notes,) = (tmp_path / "cache").rglob(f"{BUNDLES}/*.json")
-    notes.unlink()
-    os.mkfifo(notes)
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
-    except subprocess.TimeoutExpired:
-        pytest.fail("prepare waited on a named pipe in place of the kept notes")
-    assert done.returncode == 0, done.stderr[-2000:]
-    run = json.loads(done.stdout.strip().splitlines()[-1])
+    run = last_json(run_past_a_pipe(notes, argv, "prepare", env))
     assert run["origin"] == "cache"
     np.testing.assert_allclose(np.array(run["y"], np.float32), reference(model), rtol=RTOL, atol=ATOL)
