@@ -28,7 +28,7 @@ from portkern.base import errors
 from portkern.base.errors import ArgumentTypeError, BuildError, BundleError, DeviceError, DispatchTuningError, FinalizeError, PortkernError
 from portkern.base.framing import read_bounded
 from portkern.bundle import load
-from portkern.cache.repair import BUNDLES
+from portkern.cache.layout import BUNDLES
 from portkern.cache.scratch import part_path, stale_part
 from portkern.cache.store import Store, default_store
 from portkern.jit.loader import Kernel, LoadedBundle

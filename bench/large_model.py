@@ -39,7 +39,7 @@ import numpy as np
 from children import environment
 from children import python_report as child
 
-from portkern.cache.repair import PARAMETERS
+from portkern.cache.layout import PARAMETERS
 from portkern.examples.large_mlp import reference, weight_bytes, write_mlp
 
 BATCH = 8
@@ -64,7 +64,7 @@ CHILD_RUN = textwrap.dedent(
     import json, os, sys, time
     import numpy as np
     import portkern
-    from portkern.cache.repair import PARAMETERS
+    from portkern.cache.layout import PARAMETERS
     from portkern.cache.store import default_store
     from portkern.jit.runtime import runtime_config
     import portkern.jit.loader

@@ -31,7 +31,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-DATABASE = "cache.db"
+from portkern.cache.layout import DATABASE
+
 #: The page size of a new database, and how much of a database each connection maps into memory.
 PAGE_SIZE = 1 << 16
 MMAP_SIZE = 1 << 26

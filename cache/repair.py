@@ -10,26 +10,14 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 import sys
 import time
 from collections.abc import Collection
 from pathlib import Path
 
 from portkern.base.records import record
-from portkern.cache import database
 from portkern.cache.entry import Entry
-
-DATABASE = database.DATABASE
-#: Files SQLite keeps beside the database.
-DATABASE_FILES = (DATABASE, f"{DATABASE}-wal", f"{DATABASE}-shm")
-#: Databases that could not be opened are renamed to `cache.db.damaged-<time>-<pid>`.
-DAMAGED = f"{DATABASE}.damaged-"
-LOCKS = "locks"
-#: Bundles `portkern.onnx.prepare` built, kept for the same model (`<digest>.pkb`): not the database's.
-BUNDLES = "bundles"
-#: portkern's copies of large loaded bundles, mapped by processes (`<digest>.pkb`, `portkern.jit.parameters`).
-PARAMETERS = "parameters"
+from portkern.cache.layout import BUNDLES, DAMAGED, DATABASE, DATABASE_FILES, LOCKS, PARAMETERS
 
 
 @record
@@ -55,6 +43,8 @@ def stray_files(directory: Path, keep: Collection[str] = ()) -> list[str]:
 
 def remove_path(path: Path) -> None:
     if path.is_dir() and not path.is_symlink():
+        import shutil  # (loaded by what removes, not by the warm path's import of this module)
+
         shutil.rmtree(path, ignore_errors=True)
     else:
         try:
@@ -116,6 +106,8 @@ def remove_everything(directory: Path, keep: tuple[str, ...] = ()) -> list[str]:
         path = directory / name
         failed: list[BaseException] = []
         if path.is_dir() and not path.is_symlink():
+            import shutil
+
             if sys.version_info >= (3, 12):
                 shutil.rmtree(path, onexc=lambda _f, _p, exc: failed.append(exc))
             else:

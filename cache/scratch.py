@@ -8,8 +8,6 @@ process that made it is gone (killed before its exit handler ran).
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,11 +17,16 @@ LEGACY_AGE_S = 86400.0
 
 def make(purpose: str) -> str:
     """A new scratch directory for this process (`purpose` is one word, e.g. "pocl")."""
+    import tempfile  # (shutil and tempfile: loaded by what makes or removes scratch, not by the warm path)
+
     return tempfile.mkdtemp(prefix=f"portkern-{purpose}-{os.getpid()}-")
 
 
 def remove_of(pid: int, root: str | Path | None = None) -> None:
     """Remove the scratch directories of a process this one stopped (it had no chance to)."""
+    import shutil
+    import tempfile
+
     base = Path(root or tempfile.gettempdir())
     try:
         paths = [p for p in base.glob(f"portkern-*-{int(pid)}-*") if p.is_dir() and not p.is_symlink()]
@@ -58,6 +61,8 @@ def stale_part(name: str) -> bool:
 
 def orphaned(root: str | Path | None = None) -> list[Path]:
     """Scratch directories under `root` (default: the temporary directory) whose process is gone."""
+    import tempfile
+
     found = []
     base = Path(root or tempfile.gettempdir())
     try:
@@ -80,6 +85,8 @@ def orphaned(root: str | Path | None = None) -> list[Path]:
 
 def sweep(root: str | Path | None = None) -> list[Path]:
     """Remove the orphaned scratch directories; the ones removed."""
+    import shutil
+
     removed = []
     for path in orphaned(root):
         shutil.rmtree(path, ignore_errors=True)

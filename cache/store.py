@@ -48,14 +48,15 @@ from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Itera
 from portkern.base import settings
 from portkern.base.errors import CacheError
 from portkern.base.logs import logger
-from portkern.cache import index
+from portkern.cache import index, layout
 from portkern.cache.config import CacheConfig, CacheWarning, from_env
-from portkern.cache.database import DATABASE, LOCKED_WAIT, Database, identity, locked, writable
+from portkern.cache.database import LOCKED_WAIT, Database, identity, locked, writable
 from portkern.cache.device import DeviceFingerprint
 from portkern.cache.entry import CorruptRecordError, Entry
 from portkern.cache.hits import HitLog, Pending
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
+from portkern.cache.layout import DATABASE
 
 if TYPE_CHECKING:
     from portkern.cache.remote import RemoteCache
@@ -757,7 +758,7 @@ class Store:
         # An emptied database stays where it is: a process using it meanwhile goes on in the same,
         # now empty, file (one it had open and that was removed would take its writes unseen);
         # one that could not be emptied (a damaged one) goes with the rest.
-        left = repair.remove_everything(layer.directory, keep=repair.DATABASE_FILES if emptied else ())
+        left = repair.remove_everything(layer.directory, keep=layout.DATABASE_FILES if emptied else ())
         if left:
             raise CacheError(f"portkern cache clear could not remove {', '.join(left)} from {layer.directory} "
                              f"({removed} entries removed)")
@@ -957,9 +958,7 @@ class Store:
         try:
             from filelock import FileLock
 
-            from portkern.cache import repair
-
-            locks = layer.directory / repair.LOCKS
+            locks = layer.directory / layout.LOCKS
             locks.mkdir(exist_ok=True)
             return _tolerant(FileLock(str(locks / f"{key[:32]}.lock"), timeout=timeout))
         except Exception as exc:  # noqa: BLE001 - no lock costs duplicate work, and reads go on

@@ -39,7 +39,6 @@ import errno
 import io
 import mmap
 import os
-import shutil
 import threading
 import time
 from pathlib import Path
@@ -51,7 +50,7 @@ from portkern.base.logs import logger
 from portkern.base.records import frozen_record
 from portkern.base.settings import format_size
 from portkern.cache.keys import parameters_key
-from portkern.cache.repair import PARAMETERS
+from portkern.cache.layout import PARAMETERS
 from portkern.cache.scratch import part_path, stale_part
 from portkern.cache.store import Store
 from portkern.portable.bundle import Bundle, KernelRecord
@@ -225,7 +224,8 @@ class MappedSection:
             try:
                 writable.mkdir(parents=True, exist_ok=True)
                 sweep(writable, self.store)
-                free = shutil.disk_usage(writable).free
+                space = os.statvfs(writable)
+                free = space.f_bavail * space.f_frsize
                 if free < st.st_size + SPARE_BYTES:
                     log.warning("%s: its parameters (%s) are read into this process's memory: %s has %s free, too little for a copy",
                                 self.path, size, writable, format_size(free))

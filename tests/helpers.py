@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 #: Skips a CI run expects (tests/conftest.py fails a run under CI on any other skip): a skip
 #: whose reason starts with `[kind] ` (`expected_skip`) is one of these kinds.
@@ -76,8 +77,9 @@ def example_manifest(where: Path, bundle: str, name: str = "gemm_bias_relu") -> 
     """A manifest `<where>/<bundle>.yaml` of a bundle `bundle` holding the shipped example kernel `name` alone."""
     from portkern.examples import MANIFEST
 
+    source = next(MANIFEST.parent / k["source"] for k in yaml.safe_load(MANIFEST.read_text())["kernels"] if k["name"] == name)
     manifest = where / f"{bundle}.yaml"
-    manifest.write_text(f"bundle: {bundle}\nkernels:\n  - name: {name}\n    source: {MANIFEST.parent / f'{name}.mlir'}\n")
+    manifest.write_text(f"bundle: {bundle}\nkernels:\n  - name: {name}\n    source: {source}\n")
     return manifest
 
 

@@ -18,7 +18,7 @@ from helpers import RUN_EXAMPLES, assert_example, last_json, spawn
 
 import portkern
 from portkern.cache.config import CacheConfig
-from portkern.cache.repair import DATABASE_FILES
+from portkern.cache.layout import DATABASE_FILES
 from portkern.cache.store import Store
 
 # Writes large artifacts in a loop until killed.
@@ -112,7 +112,7 @@ def test_a_stopped_process_holding_a_build_lock_keeps_others_waiting_only_as_lon
     """A process stopped (Ctrl-Z, a debugger) while it holds a cold kernel's build lock: another
     process asking for the kernel waits for the lock no longer than a compile may run
     (`PORTKERN_COMPILE_TIMEOUT`, here 3 s), then builds it itself; both results are right."""
-    from portkern.cache.repair import LOCKS
+    from portkern.cache.layout import LOCKS
 
     env = {**os.environ, "PORTKERN_CACHE_DIR": str(tmp_path), "PORTKERN_BACKGROUND": "0"}
     holder = subprocess.Popen([sys.executable, "-c", RUN_EXAMPLES, str(examples_bundle), "gemm_glu"], env=env,

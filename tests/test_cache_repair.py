@@ -17,7 +17,7 @@ import portkern
 from portkern.base.settings import SettingWarning
 from portkern.cache import scratch
 from portkern.cache.config import DEFAULT_MAX_SIZE, CacheConfig, CacheWarning, from_env
-from portkern.cache.repair import DATABASE_FILES
+from portkern.cache.layout import DATABASE_FILES
 from portkern.cache.store import Store
 from portkern.cli.main import main
 from portkern.examples.reference import EXAMPLES

@@ -20,7 +20,7 @@ from test_cache_store import flip_byte
 import portkern
 from portkern.cache import store as cache_store
 from portkern.cache.config import CacheConfig, CacheWarning
-from portkern.cache.repair import DATABASE_FILES
+from portkern.cache.layout import DATABASE_FILES
 from portkern.cache.store import Entry, Store
 
 CLI = [sys.executable, "-m", "portkern"]

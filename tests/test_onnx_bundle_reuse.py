@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 import portkern.onnx as backend  # noqa: E402
-from portkern.cache.repair import BUNDLES  # noqa: E402
+from portkern.cache.layout import BUNDLES  # noqa: E402
 
 RTOL, ATOL = 1e-5, 1e-5
 X = np.random.default_rng(3).standard_normal((5, 32)).astype(np.float32)

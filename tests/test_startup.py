@@ -1,6 +1,7 @@
 """What a calling process imports: neither IREE's compiler nor a JSON-schema library, warm or
 on a fresh device with baseline code (the compiler runs in workers only); warm, nothing that
-only compiling, tuning, signing, repairing the cache, logging an event or IREE's Python-level call glue needs."""
+only compiling, tuning, signing, repairing the cache, logging an event, removing files or IREE's Python-level
+call glue needs, with parameters (weights) read from the bundle or not."""
 
 from __future__ import annotations
 
@@ -21,43 +22,47 @@ CHILD = textwrap.dedent(
     import portkern
     from portkern.examples.reference import EXAMPLES
     from portkern.cache.store import default_store
-    kernel = portkern.load(sys.argv[1]).kernel("gemm_bias_relu")
+    name = sys.argv[2]
+    kernel = portkern.load(sys.argv[1]).kernel(name)
     origin = kernel.origin  # before the exact code built in the background may replace baseline code
-    again = portkern.load(sys.argv[1]).kernel("gemm_bias_relu")
-    example = EXAMPLES["gemm_bias_relu"]
+    again = portkern.load(sys.argv[1]).kernel(name)
+    example = EXAMPLES[name]
     inputs = example.inputs(np.random.default_rng(0))
-    error = float(np.max(np.abs(kernel(*inputs) - example.reference(*inputs))))
+    result = kernel(*inputs)
+    # What only compiling, signing, tuning, repairing the cache, counting a compile or refusal, logging an
+    # event, removing files or IREE's Python-level call glue needs (taken before the reference, which imports its own).
+    unneeded = sorted(name for name in sys.modules if name.split(".")[0] in ("model_signing", "logging", "platformdirs") or name == "iree.runtime"
+                      or name in ("portkern.jit.workers", "portkern.jit.finalize", "portkern.tuner.session", "portkern.jit.background",
+                                 "portkern.cache.remote", "portkern.base.signing", "portkern.cache.repair", "portkern.cache.metrics",
+                                 "shutil", "tempfile"))
+    error = float(np.max(np.abs(result - example.reference(*inputs))))
     probes = len(list(default_store().records("p")))
     kernel.wait()
     heavy = sorted(name for name in sys.modules if name.split(".")[0] in ("jsonschema", "fastjsonschema") or name.startswith("iree.compiler"))
-    # What only compiling, signing, tuning, repairing the cache, counting a compile or refusal, logging an
-    # event or IREE's Python-level call glue needs.
-    unneeded = sorted(name for name in sys.modules if name.split(".")[0] in ("model_signing", "logging", "platformdirs") or name == "iree.runtime"
-                      or name in ("portkern.jit.workers", "portkern.jit.finalize", "portkern.tuner.session", "portkern.jit.background",
-                                 "portkern.cache.remote", "portkern.base.signing", "portkern.cache.repair", "portkern.cache.metrics"))
     print(json.dumps({"origin": origin, "again": again.origin, "error": error, "heavy": heavy, "unneeded": unneeded, "probes": probes}))
     """
 )
 
 
-def run_child(bundle, cache) -> dict:
+def run_child(bundle, cache, name: str = "gemm_bias_relu") -> dict:
     # (a home directory as most users have: the user config dir then needs no platformdirs)
     env = {**os.environ, "PORTKERN_CACHE_DIR": str(cache), "HOME": str(cache.parent)}
     env.pop("XDG_CONFIG_HOME", None)
-    done = subprocess.run([sys.executable, "-c", CHILD, str(bundle)], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(bundle), name], capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def test_a_warm_process_imports_neither_the_compiler_nor_a_schema_library(tmp_path, capsys):
-    bundle = prebuilt_example(tmp_path, "startup")
+@pytest.mark.parametrize("name", ["gemm_bias_relu", "mlp"])  # mlp reads parameters (weights) from its bundle
+def test_a_warm_process_imports_neither_the_compiler_nor_a_schema_library(tmp_path, capsys, name):
+    bundle = prebuilt_example(tmp_path, "startup", name=name)
     capsys.readouterr()
-    cold = run_child(bundle, tmp_path / "cache")
+    cold = run_child(bundle, tmp_path / "cache", name)
     assert cold["origin"] == "finalized" and cold["error"] < 1e-3
-    warm = run_child(bundle, tmp_path / "cache")
+    warm = run_child(bundle, tmp_path / "cache", name)
     assert warm["origin"] == "cache" and warm["again"] == "cache" and warm["error"] < 1e-3
     assert warm["heavy"] == []
-    assert warm["unneeded"] == []  # nor the worker pool, the tuner, model-signing, logging, platformdirs or iree.runtime's Python layer
+    assert warm["unneeded"] == []  # nor the worker pool, the tuner, model-signing, logging, platformdirs, shutil or iree.runtime's Python layer
 
 
 @pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"), reason=expected_skip("cpu", "x86-64 ISA levels"))
