@@ -200,7 +200,8 @@ def serve(worker):
         thread.start()
     for thread in threads:
         thread.join()
-    print(f"worker {worker}: {len(reports)} checked", flush=True)
+    sys.stdout.flush()  # one write() per line: forked workers share the pipe, and a print may take two
+    os.write(1, f"worker {worker}: {len(reports)} checked\\n".encode())
 
 pids = []
 for worker in range(3):
