@@ -56,7 +56,6 @@ from portkern.cache.entry import CorruptRecordError, Entry
 from portkern.cache.hits import HitLog, Pending
 from portkern.cache.index import Filter
 from portkern.cache.keys import tuning_key
-from portkern.cache.layout import DATABASE
 
 if TYPE_CHECKING:
     from portkern.cache.remote import RemoteCache
@@ -134,7 +133,7 @@ class _Layer:
     def __init__(self, directory: Path) -> None:
         self.directory = directory
         #: Its database file (whose identity every lookup compares with the one open).
-        self.database = directory / DATABASE
+        self.database = directory / layout.DATABASE
         self.db: Database | None = None
         self.identity: tuple[int, int] | None = None
         self.broken: str | None = None
