@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 #: Skips a CI run expects (tests/conftest.py fails a run under CI on any other skip): a skip
 #: whose reason starts with `[kind] ` (`expected_skip`) is one of these kinds.
@@ -76,8 +75,9 @@ def one_kernel_bundle(where: Path, source, name: str = "k", extra: str = "", bun
 def example_manifest(where: Path, bundle: str, name: str = "gemm_bias_relu") -> Path:
     """A manifest `<where>/<bundle>.yaml` of a bundle `bundle` holding the shipped example kernel `name` alone."""
     from portkern.examples import MANIFEST
+    from portkern.portable.manifest import load_manifest
 
-    source = next(MANIFEST.parent / k["source"] for k in yaml.safe_load(MANIFEST.read_text())["kernels"] if k["name"] == name)
+    source = next(k.source for k in load_manifest(MANIFEST).kernels if k.name == name)
     manifest = where / f"{bundle}.yaml"
     manifest.write_text(f"bundle: {bundle}\nkernels:\n  - name: {name}\n    source: {source}\n")
     return manifest

@@ -22,11 +22,11 @@ CHILD = textwrap.dedent(
     import portkern
     from portkern.examples.reference import EXAMPLES
     from portkern.cache.store import default_store
-    name = sys.argv[2]
-    kernel = portkern.load(sys.argv[1]).kernel(name)
+    kernel_name = sys.argv[2]
+    kernel = portkern.load(sys.argv[1]).kernel(kernel_name)
     origin = kernel.origin  # before the exact code built in the background may replace baseline code
-    again = portkern.load(sys.argv[1]).kernel(name)
-    example = EXAMPLES[name]
+    again = portkern.load(sys.argv[1]).kernel(kernel_name)
+    example = EXAMPLES[kernel_name]
     inputs = example.inputs(np.random.default_rng(0))
     result = kernel(*inputs)
     # What only compiling, signing, tuning, repairing the cache, counting a compile or refusal, logging an
